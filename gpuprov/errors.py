@@ -1,0 +1,46 @@
+"""Errors with exit codes that mean something: 1 a host or step failed, 2 bad input."""
+
+from __future__ import annotations
+
+
+class GpuprovError(Exception):
+    """A failure on a host or in a step. Exit code 1."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, host: str | None = None, step: str | None = None,
+                 command: str | None = None, output: str | None = None, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.host = host
+        self.step = step
+        self.command = command
+        self.output = output
+        self.hint = hint
+
+    def __str__(self) -> str:
+        parts = []
+        if self.host:
+            parts.append(f"[{self.host}]")
+        if self.step:
+            parts.append(f"{self.step}:")
+        parts.append(self.message)
+        text = " ".join(parts)
+        if self.command:
+            text += f"\n  command: {self.command}"
+        if self.output:
+            tail = "\n".join(self.output.rstrip().splitlines()[-15:])
+            text += "\n  output (tail):\n    " + tail.replace("\n", "\n    ")
+        if self.hint:
+            text += f"\n  next: {self.hint}"
+        return text
+
+    def to_dict(self) -> dict:
+        return {"error": self.message, "host": self.host, "step": self.step,
+                "command": self.command, "output": self.output, "hint": self.hint}
+
+
+class InputError(GpuprovError):
+    """Bad input: an inventory, an argument, an unknown name. Exit code 2."""
+
+    exit_code = 2

@@ -1,0 +1,20 @@
+"""Thin Invoke task modules, collected into one namespace for `invoke` and the `gpuprov` program."""
+
+from __future__ import annotations
+
+from invoke import Collection
+
+from gpuprov.config import DEFAULTS
+
+
+def namespace() -> Collection:
+    """The root collection: host tasks at the top, tool groups as sub-collections."""
+    from gpuprov.tasks import facts, inventory, lab, stack
+
+    ns = Collection()
+    ns.add_task(facts.facts)
+    ns.add_collection(Collection.from_module(inventory, name="inventory"))
+    ns.add_collection(Collection.from_module(lab, name="lab"))
+    ns.add_collection(Collection.from_module(stack, name="stack"))
+    ns.configure({"gpuprov": DEFAULTS})
+    return ns

@@ -1,0 +1,5 @@
+"""Invoke entry point: `invoke --list` from a checkout shows gpuprov's tasks."""
+
+from gpuprov.tasks import namespace
+
+ns = namespace()
