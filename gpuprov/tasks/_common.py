@@ -44,3 +44,33 @@ def select_hosts(c, host: list[str] | None, group: list[str] | None, all_: bool,
 
     inv = load_inventory(inventory or path_setting(c, "inventory"))
     return inv, inv.select(hosts=split_names(host), groups=split_names(group), all_=all_)
+
+
+def run_settings(c, inv, *, trust_new_hosts: bool = False, parallel: int | None = None,
+                 max_fail: str | None = None):
+    """Executor settings from invoke.yaml, the inventory (its known_hosts wins) and the task's flags."""
+    from gpuprov.config import setting
+    from gpuprov.executor import Settings
+
+    return Settings(
+        known_hosts=inv.known_hosts or path_setting(c, "known_hosts"),
+        trust_new=trust_new_hosts,
+        parallel=int(parallel or setting(c, "parallel")),
+        connect_timeout=int(setting(c, "connect_timeout")),
+        connect_retries=int(setting(c, "connect_retries")),
+        command_timeout=int(setting(c, "command_timeout")),
+        max_fail=max_fail,
+    )
+
+
+def gather_all(c, inv, hosts, *, trust_new_hosts: bool = False, quiet: bool = False) -> dict:
+    """Facts of every host, in parallel: {name: facts} or {name: {"error": message}}."""
+    from gpuprov.executor import run_on_hosts
+    from gpuprov.facts.gather import gather
+    from gpuprov.ops import MANAGED_FILES
+    from gpuprov.report import progress_printer
+
+    outcomes = run_on_hosts(hosts, lambda conn: gather(conn, MANAGED_FILES),
+                            run_settings(c, inv, trust_new_hosts=trust_new_hosts), jump_of=inv.jump_host,
+                            on_event=progress_printer(quiet=quiet))
+    return {o.host.name: o.value if o.ok else {"error": str(o.error)} for o in outcomes}

@@ -1,0 +1,252 @@
+"""SSH connections to inventory hosts over Fabric and paramiko, with verified host keys.
+
+One `HostConnection` per host per run. Host keys are checked against a known_hosts file: an unknown
+key is refused with the command that trusts it, unless trust on first use was asked for explicitly
+(`--trust-new-hosts`), and a changed key is always refused.
+"""
+
+from __future__ import annotations
+
+import shlex
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuprov.errors import GpuprovError
+
+_KNOWN_HOSTS_LOCK = threading.Lock()
+
+
+class HostKeyError(GpuprovError):
+    """The host's key is unknown or changed."""
+
+
+class ConnectError(GpuprovError):
+    """The host could not be reached or refused authentication."""
+
+
+class SudoError(GpuprovError):
+    """sudo refused: wrong or missing password, or the user may not sudo."""
+
+
+@dataclass
+class Result:
+    """One remote command's outcome."""
+
+    command: str
+    rc: int
+    stdout: str
+    stderr: str
+    duration: float
+    masked: list[str] = field(default_factory=list, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+    def shown_command(self) -> str:
+        """The command as logs and reports may show it: every secret replaced by ***."""
+        return mask(self.command, self.masked)
+
+
+def mask(text: str, secrets: list[str]) -> str:
+    """Replace every secret in text by ***."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def known_hosts_name(address: str, port: int) -> str:
+    """The name a host has in known_hosts: `addr` on port 22, `[addr]:port` elsewhere."""
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+def _host_key_policy(known_hosts: Path, trust_new: bool, host_name: str):
+    import paramiko
+
+    class VerifyPolicy(paramiko.MissingHostKeyPolicy):
+        """Refuse unknown keys, or record them when trust on first use was asked for."""
+
+        def missing_host_key(self, client, hostname, key):
+            fingerprint = key.fingerprint
+            if not trust_new:
+                raise HostKeyError(
+                    f"unknown host key {key.get_name()} {fingerprint} for {hostname}",
+                    host=host_name, step="connect",
+                    hint=f"check the fingerprint out of band, then rerun with --trust-new-hosts "
+                         f"to record it in {known_hosts}",
+                )
+            with _KNOWN_HOSTS_LOCK:
+                known_hosts.parent.mkdir(parents=True, exist_ok=True)
+                with known_hosts.open("a") as handle:
+                    handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+            client.get_host_keys().add(hostname, key.get_name(), key)
+
+    return VerifyPolicy()
+
+
+class HostConnection:
+    """A persistent SSH connection to one host; `run` sends one command and returns its Result."""
+
+    def __init__(self, host, *, known_hosts: Path, trust_new: bool = False, connect_timeout: int = 10,
+                 retries: int = 2, command_timeout: int = 1800, jump=None):
+        self.host = host
+        self.known_hosts = Path(known_hosts)
+        self.trust_new = trust_new
+        self.connect_timeout = connect_timeout
+        self.retries = retries
+        self.command_timeout = command_timeout
+        self.jump = jump
+        self._conn = None
+        self._sudo_password: str | None = None
+
+    # -- connecting ---------------------------------------------------------------------------
+    def _fabric_connection(self, host, gateway=None):
+        from fabric import Config, Connection
+
+        connect_kwargs: dict = {"banner_timeout": self.connect_timeout, "auth_timeout": self.connect_timeout}
+        if host.identity_file:
+            connect_kwargs.update(key_filename=[str(Path(host.identity_file).expanduser())],
+                                  look_for_keys=False, allow_agent=False)
+        config = Config(overrides={"load_ssh_configs": False}, lazy=True)
+        conn = Connection(host.address, user=host.user, port=host.port, config=config, gateway=gateway,
+                          connect_timeout=self.connect_timeout, connect_kwargs=connect_kwargs)
+        conn.client.set_missing_host_key_policy(_host_key_policy(self.known_hosts, self.trust_new, host.name))
+        if self.known_hosts.exists():
+            conn.client.load_host_keys(str(self.known_hosts))
+        return conn
+
+    def open(self) -> HostConnection:
+        """Connect (with bounded retries on network errors). Host key and auth errors are not retried."""
+        import paramiko
+
+        if self._conn is not None and self._conn.is_connected:
+            return self
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            gateway = self._fabric_connection(self.jump) if self.jump else None
+            conn = self._fabric_connection(self.host, gateway=gateway)
+            try:
+                conn.open()
+                self._conn = conn
+                return self
+            except HostKeyError:
+                conn.close()
+                raise
+            except paramiko.BadHostKeyException as exc:
+                conn.close()
+                raise HostKeyError(
+                    f"host key for {known_hosts_name(self.host.address, self.host.port)} CHANGED: "
+                    f"got {exc.key.get_name()} {exc.key.fingerprint}, expected {exc.expected_key.fingerprint}",
+                    host=self.host.name, step="connect",
+                    hint=f"if the host was reinstalled, verify the new key out of band and remove the old "
+                         f"entry: ssh-keygen -R {shlex.quote(known_hosts_name(self.host.address, self.host.port))}"
+                         f" -f {shlex.quote(str(self.known_hosts))}",
+                ) from None
+            except paramiko.AuthenticationException as exc:
+                conn.close()
+                raise ConnectError(
+                    f"authentication failed as {self.host.user}: {exc}", host=self.host.name, step="connect",
+                    hint="check the inventory's user and identity_file, and that the key is authorised",
+                ) from None
+            except (OSError, paramiko.SSHException, EOFError) as exc:
+                conn.close()
+                last = exc
+                if attempt < self.retries:
+                    time.sleep(min(2.0, 0.5 * (attempt + 1)))
+        raise ConnectError(
+            f"cannot reach {self.host.address}:{self.host.port} after {self.retries + 1} attempts: "
+            f"{type(last).__name__}: {last}", host=self.host.name, step="connect",
+            hint="check that the host is up, the address and port, and any jump host",
+        )
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            if self._conn.gateway:
+                self._conn.gateway.close()
+            self._conn = None
+
+    def __enter__(self) -> HostConnection:
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- running --------------------------------------------------------------------------------
+    @property
+    def needs_sudo(self) -> bool:
+        return self.host.user != "root"
+
+    def set_sudo_password(self, password: str | None) -> None:
+        """The sudo password, used on stdin and never logged."""
+        self._sudo_password = password
+
+    def run(self, command: str, *, sudo: bool = False, timeout: int | None = None,
+            stdin: str | None = None) -> Result:
+        """Run one command (through `sh -c`, as root via sudo when asked and needed)."""
+        self.open()
+        wrapped = command
+        secrets: list[str] = []
+        if sudo and self.needs_sudo:
+            if self._sudo_password is not None:
+                wrapped = f"sudo -S -p '' -k sh -c {shlex.quote(command)}"
+                stdin = self._sudo_password + "\n" + (stdin or "")
+                secrets.append(self._sudo_password)
+            else:
+                wrapped = f"sudo -n sh -c {shlex.quote(command)}"
+        started = time.monotonic()
+        channel = self._conn.transport.open_session(timeout=self.connect_timeout)
+        channel.settimeout(timeout or self.command_timeout)
+        try:
+            channel.exec_command(wrapped)
+            if stdin is not None:
+                channel.sendall(stdin.encode())
+            channel.shutdown_write()
+            stdout, stderr = _drain(channel)
+            rc = channel.recv_exit_status()
+        except TimeoutError:
+            channel.close()
+            raise GpuprovError(
+                f"command timed out after {timeout or self.command_timeout}s", host=self.host.name,
+                command=mask(command, secrets), hint="raise gpuprov.command_timeout or look at the host",
+            ) from None
+        finally:
+            channel.close()
+        result = Result(command, rc, stdout, mask(stderr, secrets), time.monotonic() - started, secrets)
+        if sudo and self.needs_sudo and rc != 0 and _sudo_refused(result.stderr):
+            raise SudoError(
+                "sudo refused: " + result.stderr.strip().splitlines()[-1], host=self.host.name, step="sudo",
+                command=result.shown_command(),
+                hint="set the password in the environment variable the inventory's sudo.password_env names, "
+                     "or allow NOPASSWD for this user",
+            )
+        return result
+
+
+def _drain(channel) -> tuple[str, str]:
+    """Read stdout and stderr until the command ends (select wakes on either stream or on close)."""
+    import select
+
+    out, err = bytearray(), bytearray()
+    deadline = time.monotonic() + (channel.gettimeout() or 1800)
+    while True:
+        while channel.recv_ready():
+            out += channel.recv(65536)
+        while channel.recv_stderr_ready():
+            err += channel.recv_stderr(65536)
+        drained = not channel.recv_ready() and not channel.recv_stderr_ready()
+        if channel.exit_status_ready() and drained and (channel.eof_received or channel.closed):
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError
+        select.select([channel], [], [], 0.2)
+    return out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def _sudo_refused(stderr: str) -> bool:
+    markers = ("incorrect password", "Sorry, try again", "a password is required", "is not in the sudoers",
+               "no password was provided", "a terminal is required")
+    return any(marker in stderr for marker in markers)

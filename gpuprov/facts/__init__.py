@@ -1,0 +1,1 @@
+"""Host facts: what is there. One shell script, one SSH command per host, parsed on the controller."""

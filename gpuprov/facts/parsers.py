@@ -1,0 +1,276 @@
+"""Parsers for the sections of the facts script's output. Each takes the section's text and returns data.
+
+Every parser accepts an empty section (the tool is missing) and returns null-like data for it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+SECTION = re.compile(r"^@@gpuprov:(.+)$", re.M)
+OS_KEYS = {("ubuntu", "22.04"), ("ubuntu", "24.04"), ("debian", "12"), ("rhel", "9"), ("rocky", "9")}
+RHEL_LIKE = {"rhel", "rocky", "almalinux", "centos", "fedora", "ol"}
+
+
+def split_sections(output: str) -> dict[str, str]:
+    """Cut the script's output into {section name: text}."""
+    parts = SECTION.split(output)
+    sections: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        sections[name.strip()] = body.strip("\n")
+    return sections
+
+
+def parse_os_release(text: str) -> dict:
+    values = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key.strip()] = value.strip().strip('"').strip("'")
+    os_id = values.get("ID")
+    version = values.get("VERSION_ID")
+    likes = set(values.get("ID_LIKE", "").split())
+    if os_id in {"debian", "ubuntu"} or "debian" in likes:
+        family = "debian"
+    elif os_id in RHEL_LIKE or likes & {"rhel", "fedora"}:
+        family = "rhel"
+    else:
+        family = None
+    major = (version or "").split(".")[0]
+    key = None
+    if (os_id, version) in OS_KEYS:
+        key = f"{os_id}-{version}"
+    elif os_id in {"rhel", "rocky"} and (os_id, major) in OS_KEYS:
+        key = f"{os_id}-{major}"
+    return {"id": os_id, "version_id": version, "codename": values.get("VERSION_CODENAME") or None,
+            "family": family, "pretty_name": values.get("PRETTY_NAME"), "key": key}
+
+
+LSPCI_LINE = re.compile(
+    r"^(?P<slot>(?:[0-9a-fA-F]{4,}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s+"
+    r"(?P<cls>.*?)\s\[(?P<class_id>[0-9a-fA-F]{4})\]:\s+(?P<desc>.*)\s"
+    r"\[(?P<vendor>[0-9a-fA-F]{4}):(?P<device>[0-9a-fA-F]{4})\]"
+)
+
+
+def parse_lspci(text: str) -> tuple[list[dict], int]:
+    """NVIDIA GPUs and the NVSwitch count from `lspci -D -nn` lines."""
+    from gpuprov import catalog
+
+    gpus, nvswitches = [], 0
+    for line in text.splitlines():
+        match = LSPCI_LINE.match(line.strip())
+        if not match or match["vendor"].lower() != "10de":
+            continue
+        device = match["device"].lower()
+        if catalog.is_nvswitch(device):
+            nvswitches += 1
+            continue
+        if not match["class_id"].startswith("03"):  # display controllers only (VGA 0300, 3D 0302)
+            continue
+        model = catalog.by_pci_id(device)
+        gpus.append({"slot": match["slot"], "device_id": device, "description": match["desc"].strip(),
+                     "model": model.key if model else None})
+    return gpus, nvswitches
+
+
+def parse_smi_tree(text: str) -> dict:
+    """`nvidia-smi -q` text into nested dicts; GPU blocks under "GPU <bus id>" keys."""
+    root: dict = {}
+    stack: list[tuple[int, dict]] = [(-1, root)]
+    for raw in text.splitlines():
+        if not raw.strip() or raw.startswith("==="):
+            continue
+        indent = len(raw) - len(raw.lstrip(" "))
+        key, sep, value = raw.strip().partition(" : ")
+        if not sep and raw.rstrip().endswith(":"):
+            key, sep, value = raw.strip()[:-1], ":", ""
+        while stack[-1][0] >= indent:
+            stack.pop()
+        parent = stack[-1][1]
+        if sep and value.strip():
+            parent[key.strip()] = value.strip()
+        else:
+            child: dict = {}
+            parent[key.strip()] = child
+            stack.append((indent, child))
+    return root
+
+
+def _enabled(value) -> bool | None:
+    if not isinstance(value, str):
+        return None
+    return {"enabled": True, "disabled": False}.get(value.strip().lower())
+
+
+def _mib(value) -> int | None:
+    match = re.match(r"(\d+)\s*MiB", value or "") if isinstance(value, str) else None
+    return int(match.group(1)) if match else None
+
+
+def parse_nvidia_smi(text: str) -> dict | None:
+    """Driver, CUDA and per-GPU facts from `nvidia-smi -q`; `{"error": ...}` when it failed."""
+    if not text.strip():
+        return None
+    rc_match = re.search(r"^@@rc=(\d+)\s*$", text, re.M)
+    body = text[: rc_match.start()] if rc_match else text
+    if rc_match and rc_match.group(1) != "0":
+        return {"error": body.strip().splitlines()[-1] if body.strip() else f"exit code {rc_match.group(1)}"}
+    tree = parse_smi_tree(body)
+    gpus = []
+    for key, block in tree.items():
+        if not key.startswith("GPU ") or not isinstance(block, dict):
+            continue
+        ecc = block.get("ECC Mode", {})
+        gpus.append({
+            "index": len(gpus),
+            "name": block.get("Product Name"),
+            "uuid": block.get("GPU UUID"),
+            "bus_id": key[4:],
+            "memory_total_mib": _mib(block.get("FB Memory Usage", {}).get("Total")),
+            "persistence_mode": _enabled(block.get("Persistence Mode")),
+            "ecc_mode": _enabled(ecc.get("Current") if isinstance(ecc, dict) else None),
+        })
+    return {"driver_version": tree.get("Driver Version"), "cuda_version": tree.get("CUDA Version"),
+            "gpus": gpus}
+
+
+NVRM = re.compile(r"NVRM version:.*?(?:Kernel Module|x86_64|aarch64)\s+(\d+\.\d+(?:\.\d+)?)\s")
+
+
+def parse_nvrm(text: str) -> dict | None:
+    """The loaded kernel module's version and flavour from /proc/driver/nvidia/version."""
+    match = NVRM.search(text)
+    if not match:
+        return None
+    return {"version": match.group(1), "open": "Open Kernel Module" in text}
+
+
+def parse_packages(text: str) -> dict[str, str]:
+    packages = {}
+    for line in text.splitlines():
+        fields = line.split("\t")
+        if len(fields) == 3 and fields[0].strip().startswith("ii"):
+            version = fields[2].strip()
+            packages[fields[1].strip()] = version.removeprefix("(none):").removeprefix("0:")
+    return packages
+
+
+def parse_secure_boot(text: str) -> bool | None:
+    value = text.strip()
+    if value == "bios":
+        return False
+    if value.isdigit():
+        return value == "1"
+    return None
+
+
+def parse_services(text: str) -> dict[str, dict]:
+    services = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if not fields:
+            continue
+        enabled = fields[1] if len(fields) > 1 else ""
+        active = fields[2] if len(fields) > 2 else ""
+        services[fields[0]] = {"exists": enabled not in {"", "not-found"} or active not in {"", "inactive"},
+                               "enabled": enabled in {"enabled", "enabled-runtime", "static", "alias"},
+                               "active": active == "active"}
+    return services
+
+
+def first_version(text: str) -> str | None:
+    match = re.search(r"(\d+\.\d+(?:\.\d+)*)", text)
+    return match.group(1) if match else None
+
+
+def parse_disk(text: str) -> dict[str, int]:
+    """Free MiB per mount point from `df -Pk`."""
+    free = {}
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 6 and fields[3].isdigit():
+            free[fields[5]] = int(fields[3]) // 1024
+    return free
+
+
+def parse_file(text: str) -> str | None:
+    """A managed file's content (None when absent)."""
+    status, _, payload = text.partition("\n")
+    if status.strip() != "present":
+        return None
+    return base64.b64decode(payload.replace("\n", "")).decode(errors="replace")
+
+
+def parse_facts(host: str, output: str) -> dict:
+    """All facts of one host from the facts script's whole output (schema in docs/design.md)."""
+    sec = split_sections(output)
+    uname = sec.get("uname", "").splitlines()
+    meminfo = re.search(r"(\d+)", sec.get("meminfo", ""))
+    gpus, nvswitch_count = parse_lspci(sec.get("lspci", ""))
+    nvrm = parse_nvrm(sec.get("nvrm", ""))
+    modules = set(sec.get("modules", "").split())
+    packages = parse_packages(sec.get("packages", ""))
+    services = parse_services(sec.get("services", ""))
+    files = {name[5:]: parse_file(body) for name, body in sec.items() if name.startswith("file ")}
+    daemon_json = _json_or_none(files.get("/etc/docker/daemon.json"))
+    docker_version = first_version(sec.get("docker", ""))
+    fm_service = services.get("nvidia-fabricmanager", {})
+    fm_version = first_version(sec.get("fabricmanager", ""))
+    dcgm_version = first_version(sec.get("dcgm", ""))
+    cloud = re.search(r"status:\s*(\S+)", sec.get("cloud-init", ""))
+    return {
+        "host": host,
+        "os": parse_os_release(sec.get("os-release", "")),
+        "kernel": uname[0] if uname else None,
+        "arch": uname[1] if len(uname) > 1 else None,
+        "cpus": int(sec["cpus"]) if sec.get("cpus", "").strip().isdigit() else None,
+        "mem_total_mib": int(meminfo.group(1)) // 1024 if meminfo else None,
+        "pci_gpus": gpus,
+        "nvswitch_count": nvswitch_count,
+        "nvidia_smi": parse_nvidia_smi(sec.get("nvidia-smi", "")),
+        "loaded_driver_version": nvrm["version"] if nvrm else None,
+        "loaded_driver_open": nvrm["open"] if nvrm else None,
+        "nvidia_modules_loaded": sorted(modules - {"nouveau"}),
+        "packages": packages,
+        "held": sorted(sec.get("held", "").split()),
+        "nouveau_loaded": "nouveau" in modules,
+        "nouveau_blacklisted": bool(sec.get("nouveau-blacklist", "").strip()),
+        "secure_boot": parse_secure_boot(sec.get("secure-boot", "")),
+        "kernel_headers": sec.get("kernel-headers", "").strip() == "yes",
+        "docker": None if docker_version is None else {
+            "version": docker_version,
+            "active": services.get("docker", {}).get("active", False),
+            "daemon_json": daemon_json,
+            "runtimes": sorted((daemon_json or {}).get("runtimes", {})),
+        },
+        "container_toolkit": first_version(sec.get("ctk", "")),
+        "fabricmanager": None if not (fm_version or fm_service.get("exists")) else {
+            "version": fm_version, "active": fm_service.get("active", False),
+            "enabled": fm_service.get("enabled", False)},
+        "dcgm": None if dcgm_version is None else {
+            "version": dcgm_version, "active": services.get("nvidia-dcgm", {}).get("active", False)},
+        "persistenced": None if not services.get("nvidia-persistenced", {}).get("exists") else {
+            "active": services["nvidia-persistenced"]["active"],
+            "enabled": services["nvidia-persistenced"]["enabled"]},
+        "services": services,
+        "reboot_required": sec.get("reboot-required", "").strip() == "yes",
+        "dpkg_interrupted": bool(sec.get("dpkg-interrupted", "").strip()),
+        "package_manager_busy": [line for line in sec.get("package-manager-busy", "").splitlines() if line],
+        "cloud_init": cloud.group(1) if cloud else None,
+        "disk_free_mib": parse_disk(sec.get("disk", "")),
+        "files": files,
+        "gathered_at": sec.get("date", "").strip() or None,
+        "complete": "end" in sec,
+    }
+
+
+def _json_or_none(text: str | None):
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None

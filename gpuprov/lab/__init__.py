@@ -1,0 +1,134 @@
+"""The lab: local systemd containers that act as GPU servers, reached over real SSH.
+
+Python API (tests, benchmarks and `invoke lab.*` use it):
+    up(hosts=3, profiles=None) -> LabState     bring up (or reuse) N hosts, write inventory + known_hosts
+    current() -> LabState | None               the lab as it is now, without changing anything
+    status() -> list[LabHost]                  every lab container, running or not
+    stop_host(name) / start_host(name)         simulate a host going down / coming back
+    down(images=False)                         remove exactly what the lab created
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from gpuprov.lab.state import LabHost, LabPaths, LabState
+
+__all__ = ["LabHost", "LabPaths", "LabState", "current", "down", "start_host", "status", "stop_host", "up"]
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    """A progress sink that shows nothing."""
+
+
+def up(hosts: int = 3, profiles: list[str] | None = None, *, paths: LabPaths | None = None,
+       progress: Progress = _quiet) -> LabState:
+    """Bring up `hosts` lab hosts with `profiles` cycled over them (default: the mixed set)."""
+    from gpuprov.lab.engine import ensure_engine, verify_runs
+    from gpuprov.lab.hosts import reconcile
+    from gpuprov.lab.images import ensure_base_image, ensure_host_image
+    from gpuprov.lab.inotify import ensure_inotify
+    from gpuprov.lab.keys import ensure_keypair
+    from gpuprov.lab.labels import NETWORK
+    from gpuprov.lab.profiles import assign_profiles
+
+    paths = paths or LabPaths.default()
+    chosen = assign_profiles(hosts, profiles)
+    timings: dict[str, float] = {}
+    started = time.monotonic()
+    client = ensure_engine(progress)
+    timings["engine_s"] = time.monotonic() - started
+    public_key = ensure_keypair(paths.key, "gpuprov-lab")
+    mark = time.monotonic()
+    base = ensure_base_image(client, progress)
+    verify_runs(client, base)
+    image = ensure_host_image(client, base, public_key, progress)
+    timings["images_s"] = time.monotonic() - mark
+    ensure_inotify(hosts, progress)
+    mark = time.monotonic()
+    lab_hosts = reconcile(client, chosen, image, paths, progress)
+    timings["hosts_s"] = time.monotonic() - mark
+    timings["total_s"] = time.monotonic() - started
+    progress(f"lab: {len(lab_hosts)} hosts ready in {timings['total_s']:.0f} s; inventory {paths.inventory}")
+    return LabState(lab_hosts, paths, image=image, network=NETWORK, timings=timings)
+
+
+def _client():
+    import docker
+
+    from gpuprov.errors import GpuprovError
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure means no engine
+        raise GpuprovError("no Docker engine answers, so there is no lab", step="lab",
+                           hint="run `invoke lab.up` first") from exc
+    return client
+
+
+def status() -> list[LabHost]:
+    """Every lab host container (running or not), in name order."""
+    from gpuprov.lab.hosts import host_from_container, lab_containers
+
+    return [host_from_container(c) for c in lab_containers(_client())]
+
+
+def current(paths: LabPaths | None = None) -> LabState | None:
+    """The lab that is up now (None when it has no hosts), without changing anything."""
+    hosts = status()
+    return LabState(hosts, paths or LabPaths.default()) if hosts else None
+
+
+def stop_host(name: str, *, timeout: int = 10) -> None:
+    """Stop one lab host (its systemd shuts down), as if the server went down."""
+    from gpuprov.lab.hosts import find_host
+
+    find_host(_client(), name).stop(timeout=timeout)
+
+
+def start_host(name: str, *, paths: LabPaths | None = None) -> LabHost:
+    """Start a stopped lab host, wait until it is ready, and rewrite the inventory (its internal IP
+    may have changed)."""
+    from gpuprov.lab.hosts import (
+        READY_TIMEOUT_S,
+        find_host,
+        host_from_container,
+        lab_containers,
+        wait_ready,
+        write_files,
+    )
+
+    client = _client()
+    container = find_host(client, name)
+    container.start()
+    host = host_from_container(container)
+    wait_ready(container, host.port, time.monotonic() + READY_TIMEOUT_S)
+    hosts = [host_from_container(c) for c in lab_containers(client)]
+    write_files(hosts, paths or LabPaths.default())
+    return next(h for h in hosts if h.name == name)
+
+
+def down(*, images: bool = False, paths: LabPaths | None = None, progress: Progress = _quiet) -> None:
+    """Remove the lab's containers, network, inventory and known_hosts (and its images if asked)."""
+    import docker
+
+    from gpuprov.lab.hosts import remove_lab
+    from gpuprov.lab.images import remove_images
+
+    paths = paths or LabPaths.default()
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception:  # noqa: BLE001 - no engine: only the files can be left
+        client = None
+    if client is not None:
+        remove_lab(client, paths, progress)
+        if images:
+            remove_images(client, progress)
+    else:
+        for path in (paths.inventory, paths.known_hosts):
+            path.unlink(missing_ok=True)

@@ -1,0 +1,239 @@
+"""Lab hosts: systemd containers with sshd on 127.0.0.1 and one internal network between them."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import tarfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from gpuprov.errors import GpuprovError, InputError
+from gpuprov.lab.keys import ensure_keypair, render_known_hosts
+from gpuprov.lab.labels import HOST_PREFIX, LABEL, LABEL_FILTER, LABELS, NETWORK, PROFILE_LABEL
+from gpuprov.lab.profiles import Profile
+from gpuprov.lab.state import LabHost, LabPaths, render_inventory
+
+PORT_LABEL = "gpuprov.lab.ssh-port"
+HARDWARE_LABEL = "gpuprov.lab.hardware"
+PORT_BASE = int(os.environ.get("GPUPROV_LAB_SSH_PORT_BASE", "42200"))
+READY_TIMEOUT_S = int(os.environ.get("GPUPROV_LAB_READY_TIMEOUT", "300"))
+READY_STATES = ("running", "degraded")
+RUN_OPTIONS = {
+    "cap_add": ["SYS_ADMIN", "NET_ADMIN"],
+    "cgroupns": "host",
+    "volumes": {"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"}},
+    "tmpfs": {"/run": "", "/run/lock": ""},
+    "security_opt": ["seccomp=unconfined", "apparmor=unconfined"],
+}
+
+
+def host_name(index: int) -> str:
+    return f"{HOST_PREFIX}{index:02d}"
+
+
+def host_port(index: int) -> int:
+    return PORT_BASE + index
+
+
+def lab_containers(client, all_states: bool = True) -> list:
+    """The lab's containers (by label), in name order."""
+    found = client.containers.list(all=all_states, filters={"label": LABEL_FILTER})
+    return sorted((c for c in found if c.name.startswith(HOST_PREFIX)), key=lambda c: c.name)
+
+
+def ensure_network(client, progress: Callable[[str], None] = print):
+    """The lab's internal network (no route out), created once."""
+    for network in client.networks.list(names=[NETWORK]):
+        if network.name == NETWORK:
+            if (network.attrs.get("Labels") or {}).get(LABEL) != "1":
+                raise GpuprovError(f"a network named {NETWORK} exists but is not the lab's", step="lab network",
+                                   hint=f"remove or rename it (docker network rm {NETWORK})")
+            return network
+    progress(f"network: creating {NETWORK} (internal)")
+    return client.networks.create(NETWORK, driver="bridge", internal=True, labels=LABELS, check_duplicate=True)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def _host_files(profile: Profile, host_key: bytes, host_pub: str) -> io.BytesIO:
+    """Tar of the per-host files put into the container before it boots."""
+    files = [("etc/ssh/ssh_host_ed25519_key", host_key, 0o600),
+             ("etc/ssh/ssh_host_ed25519_key.pub", (host_pub + "\n").encode(), 0o644),
+             ("etc/gpuprov-lab/profile", (profile.name + "\n").encode(), 0o644),
+             ("etc/gpuprov-lab/devices.json", json.dumps(profile.devices, indent=1).encode(), 0o644)]
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data, mode in files:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), mode, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    buffer.seek(0)
+    return buffer
+
+
+def host_key_pair(paths: LabPaths, name: str) -> tuple[bytes, str]:
+    """The host's own ed25519 host key (created once per lab host name)."""
+    private = paths.host_keys / name / "ssh_host_ed25519_key"
+    public = ensure_keypair(private, f"root@{name}")
+    return private.read_bytes(), public
+
+
+def create_host(client, index: int, profile: Profile, image: str, paths: LabPaths, network) -> None:
+    """Create, fill and start one host container."""
+    name, port = host_name(index), host_port(index)
+    if not _port_free(port):
+        raise GpuprovError(f"port 127.0.0.1:{port} is in use", host=name, step="lab host create",
+                           hint="free it, or set GPUPROV_LAB_SSH_PORT_BASE to another port range")
+    key, pub = host_key_pair(paths, name)
+    labels = {**LABELS, PROFILE_LABEL: profile.name, PORT_LABEL: str(port),
+              HARDWARE_LABEL: json.dumps(profile.hardware)}
+    container = client.containers.create(
+        image, name=name, hostname=name, detach=True, labels=labels, network="bridge",
+        ports={"22/tcp": ("127.0.0.1", port)}, **RUN_OPTIONS)
+    container.put_archive("/", _host_files(profile, key, pub))
+    network.connect(container, aliases=[name])
+    container.start()
+
+
+def _ssh_banner(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=3) as sock:
+            return sock.recv(64).startswith(b"SSH-2.0")
+    except OSError:
+        return False
+
+
+def wait_ready(container, port: int, deadline: float) -> str:
+    """Block until systemd says running/degraded and sshd answers. Returns systemd's state."""
+    state = "unknown"
+    while time.monotonic() < deadline:
+        container.reload()
+        if container.status != "running":
+            logs = container.logs(tail=30).decode(errors="replace")
+            raise GpuprovError(f"container stopped while booting (status {container.status})",
+                               host=container.name, step="lab host boot", output=logs,
+                               hint="check `fs.inotify.max_user_instances` and dockerd's log")
+        result = container.exec_run(["systemctl", "is-system-running"])
+        state = result.output.decode(errors="replace").strip()
+        if state in READY_STATES and _ssh_banner(port):
+            return state
+        time.sleep(1)
+    raise GpuprovError(f"not ready after {READY_TIMEOUT_S} s (systemd: {state})", host=container.name,
+                       step="lab host boot", command=f"docker exec {container.name} systemctl --failed",
+                       hint="inspect the host with that command, then `invoke lab.down` and retry")
+
+
+def host_from_container(container) -> LabHost:
+    labels = container.labels
+    networks = container.attrs.get("NetworkSettings", {}).get("Networks", {})
+    ip = (networks.get(NETWORK) or {}).get("IPAddress") or None
+    return LabHost(name=container.name, profile=labels.get(PROFILE_LABEL, ""), port=int(labels[PORT_LABEL]),
+                   internal_ip=ip, container_id=container.id,
+                   hardware=json.loads(labels.get(HARDWARE_LABEL, "{}")), state=container.status)
+
+
+def write_files(hosts: list[LabHost], paths: LabPaths) -> None:
+    """known_hosts and inventories/lab.yaml for these hosts."""
+    entries = []
+    for host in hosts:
+        pub = (paths.host_keys / host.name / "ssh_host_ed25519_key.pub").read_text(encoding="utf-8")
+        entries.append((host.address, host.port, pub.strip()))
+    paths.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+    paths.known_hosts.write_text(render_known_hosts(entries), encoding="utf-8")
+    paths.inventory.parent.mkdir(parents=True, exist_ok=True)
+    paths.inventory.write_text(render_inventory(hosts, paths), encoding="utf-8")
+
+
+def reconcile(client, profiles: list[Profile], image: str, paths: LabPaths,
+              progress: Callable[[str], None] = print) -> list[LabHost]:
+    """Make the lab exactly len(profiles) running, ready hosts; keep those that already match."""
+    wanted = {host_name(i + 1): (i + 1, p) for i, p in enumerate(profiles)}
+    for name in wanted:
+        for other in client.containers.list(all=True, filters={"name": f"^/{name}$"}):
+            if other.labels.get(LABEL) != "1":
+                raise GpuprovError(f"a container named {name} exists but is not the lab's", host=name,
+                                   step="lab host create", hint=f"remove or rename it (docker rm -f {name})")
+    network = ensure_network(client, progress)
+    keep = []
+    for container in lab_containers(client):
+        spec = wanted.get(container.name)
+        matches = (spec is not None and container.labels.get(PROFILE_LABEL) == spec[1].name
+                   and container.image.tags and image in container.image.tags
+                   and container.labels.get(PORT_LABEL) == str(host_port(spec[0])))
+        if matches:
+            keep.append(container.name)
+            if container.status != "running":
+                container.start()
+        else:
+            progress(f"host {container.name}: removing (not part of the requested lab)")
+            container.remove(force=True)
+    to_create = [(i, p) for name, (i, p) in wanted.items() if name not in keep]
+
+    def create(item):
+        index, profile = item
+        create_host(client, index, profile, image, paths, network)
+        progress(f"host {host_name(index)}: started ({profile.name}, ssh 127.0.0.1:{host_port(index)})")
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(create, to_create))
+    for name in keep:
+        progress(f"host {name}: reused")
+    deadline = time.monotonic() + READY_TIMEOUT_S
+
+    def ready(name):
+        container = client.containers.get(name)
+        state = wait_ready(container, host_port(wanted[name][0]), deadline)
+        container.reload()
+        progress(f"host {name}: ready (systemd {state})")
+        return host_from_container(container)
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        hosts = list(pool.map(ready, sorted(wanted)))
+    write_files(hosts, paths)
+    return hosts
+
+
+def find_host(client, name: str):
+    import docker.errors
+
+    try:
+        container = client.containers.get(name)
+    except docker.errors.NotFound:
+        container = None
+    if container is None or container.labels.get(LABEL) != "1":
+        raise InputError(f"no lab host named {name}", step="lab", hint="see `invoke lab.status`")
+    return container
+
+
+def remove_lab(client, paths: LabPaths, progress: Callable[[str], None] = print) -> None:
+    """Remove the labelled containers and networks and the lab's files; nothing else."""
+    for container in lab_containers(client):
+        container.remove(force=True, v=True)
+        progress(f"host {container.name}: removed")
+    for network in client.networks.list(filters={"label": LABEL_FILTER}):
+        network.remove()
+        progress(f"network {network.name}: removed")
+    for path in (paths.inventory, paths.known_hosts):
+        path.unlink(missing_ok=True)
+    _remove_tree(paths.host_keys)
+
+
+def _remove_tree(path: Path) -> None:
+    if not path.exists():
+        return
+    for child in sorted(path.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        child.rmdir() if child.is_dir() else child.unlink()
+    path.rmdir()

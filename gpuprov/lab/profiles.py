@@ -1,0 +1,117 @@
+"""Hardware profiles of lab hosts (data in profiles.yaml): simulated PCI devices and inventory vars."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from gpuprov.errors import InputError
+
+PROFILES_FILE = Path(__file__).with_name("profiles.yaml")
+NVIDIA = "10de"
+_SLOT = re.compile(r"^(?:[0-9a-f]{4}:)?[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$")
+_HEX4 = re.compile(r"^[0-9a-f]{4}$")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One hardware profile: the inventory `hardware:` vars and the PCI devices lspci shows."""
+
+    name: str
+    description: str
+    hardware: dict
+    devices: list[dict] = field(repr=False)
+
+    def gpu_devices(self) -> list[dict]:
+        """The NVIDIA GPUs (display class 03xx) among the devices."""
+        return [d for d in self.devices if d["vendor"] == NVIDIA and d["class"].startswith("03")]
+
+
+def _device(data: dict, vendors: dict, classes: dict, where: str) -> dict:
+    slot = str(data.get("slot", "")).lower()
+    if not _SLOT.match(slot):
+        raise InputError(f"{where}: bad PCI slot {slot!r} (want BB:DD.F or DDDD:BB:DD.F)", step="lab profiles")
+    if slot.count(":") == 1:
+        slot = "0000:" + slot
+    vendor, device, cls = (str(data.get(k, "")).lower() for k in ("vendor", "device", "class"))
+    for key, value in (("vendor", vendor), ("device", device), ("class", cls)):
+        if not _HEX4.match(value):
+            raise InputError(f"{where}: {key} must be 4 hex digits, got {value!r}", step="lab profiles")
+    if vendor not in vendors or cls not in classes:
+        raise InputError(f"{where}: vendor {vendor} or class {cls} has no name in profiles.yaml",
+                         step="lab profiles")
+    if not data.get("name"):
+        raise InputError(f"{where}: device name missing", step="lab profiles")
+    rev = data.get("rev")
+    return {"slot": slot, "class": cls, "class_name": classes[cls], "vendor": vendor,
+            "vendor_name": vendors[vendor], "device": device, "name": str(data["name"]),
+            "rev": str(rev) if rev is not None else None}
+
+
+def _nvidia_group(block: dict, vendors: dict, classes: dict, where: str) -> list[dict]:
+    devices = []
+    for slot in block.get("slots") or []:
+        devices.append(_device({**block, "slot": slot, "vendor": NVIDIA}, vendors, classes, where))
+        for extra in block.get("functions") or []:
+            func_slot = f"{str(slot).rsplit('.', 1)[0]}.{extra['function']}"
+            devices.append(_device({**extra, "slot": func_slot, "vendor": NVIDIA}, vendors, classes, where))
+    return devices
+
+
+def parse_profiles(data: dict) -> dict[str, Profile]:
+    """Validate the profiles document and build every profile's device list."""
+    vendors = {str(k).lower(): v for k, v in (data.get("vendors") or {}).items()}
+    classes = {str(k).lower(): v for k, v in (data.get("classes") or {}).items()}
+    common = [_device(d, vendors, classes, "common_devices") for d in data.get("common_devices") or []]
+    profiles = {}
+    for name, spec in (data.get("profiles") or {}).items():
+        where = f"profile {name}"
+        hardware = spec.get("hardware") or {}
+        if set(hardware) != {"gpu", "count", "nvswitch"}:
+            raise InputError(f"{where}: hardware must have exactly gpu, count, nvswitch", step="lab profiles")
+        gpus = _nvidia_group(spec.get("gpu") or {}, vendors, classes, where)
+        switches = _nvidia_group(spec.get("nvswitch") or {}, vendors, classes, where)
+        devices = common + gpus + switches
+        profile = Profile(name, spec.get("description", ""), dict(hardware), devices)
+        if len(profile.gpu_devices()) != hardware["count"]:
+            raise InputError(f"{where}: hardware.count is {hardware['count']} but {len(profile.gpu_devices())} "
+                             "GPU slots are listed", step="lab profiles")
+        if bool(switches) != bool(hardware["nvswitch"]):
+            raise InputError(f"{where}: hardware.nvswitch disagrees with the NVSwitch devices",
+                             step="lab profiles")
+        slots = [d["slot"] for d in devices]
+        if len(set(slots)) != len(slots):
+            raise InputError(f"{where}: a PCI slot is used twice", step="lab profiles")
+        profiles[name] = profile
+    for name in data.get("default_mix") or []:
+        if name not in profiles:
+            raise InputError(f"default_mix names unknown profile {name!r}", step="lab profiles")
+    return profiles
+
+
+def load_document(path: Path = PROFILES_FILE) -> dict:
+    with open(path, encoding="utf-8") as handle:
+        return yaml.safe_load(handle) or {}
+
+
+def load_profiles(path: Path = PROFILES_FILE) -> dict[str, Profile]:
+    """All profiles from profiles.yaml."""
+    return parse_profiles(load_document(path))
+
+
+def assign_profiles(count: int, names: list[str] | None, path: Path = PROFILES_FILE) -> list[Profile]:
+    """The profile of each of `count` hosts: `names` (or the default mix) cycled over the hosts."""
+    if count < 1:
+        raise InputError(f"--hosts must be at least 1, got {count}", step="lab.up")
+    document = load_document(path)
+    profiles = parse_profiles(document)
+    chosen = names or list(document.get("default_mix") or sorted(profiles))
+    unknown = [n for n in chosen if n not in profiles]
+    if unknown:
+        raise InputError(f"unknown lab profile(s): {', '.join(unknown)}", step="lab.up",
+                         hint=f"choose from: {', '.join(sorted(profiles))}")
+    return [profiles[name] for name in itertools.islice(itertools.cycle(chosen), count)]

@@ -1,0 +1,381 @@
+"""Stand-in packages for the lab mirror: NVIDIA's real package names and versions (from the resolver), built
+with `dpkg-deb`, installing simulated tools (nvidia-smi, nvidia-ctk, ...) and marker files.
+
+Everything simulated lives here and in `files/standins/`; the provisioning path never sees it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import re
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from gpuprov.errors import GpuprovError
+
+FILES = Path(__file__).with_name("files") / "standins"
+OS_KEY = "debian-12"
+MAINTAINER = "gpuprov lab <lab@gpuprov.invalid>"
+NOT_NVIDIA = "gpuprov lab stand-in, not NVIDIA software"
+LIB = "usr/lib/gpuprov-lab"
+UNITS = "lib/systemd/system"
+MODULE_UNIT = "gpuprov-lab-nvidia-module.service"
+TRIPLETS = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
+# Mutually exclusive stand-ins (another branch replaces the installed one, as NVIDIA's packages do).
+EXCLUSIVE = {"driver": "gpuprov-lab-nvidia-driver", "driver_pinning": "gpuprov-lab-nvidia-driver-pinning",
+             "fabricmanager": "gpuprov-lab-nvidia-fabricmanager"}
+_PACKAGE_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]+")
+_VERSION = re.compile(r"(\d+:)?[0-9][A-Za-z0-9.+~-]*")
+
+
+@dataclass(frozen=True)
+class PackageSpec:
+    """One stand-in package: NVIDIA's name and exact version, its role, and the component's own version
+    (driver 570.148.08, toolkit 1.17.8, CUDA 12.8.1, ...)."""
+
+    name: str
+    version: str
+    role: str
+    upstream: str
+
+    @property
+    def filename_version(self) -> str:
+        return self.version.split(":", 1)[-1]
+
+
+@dataclass
+class Contents:
+    """A package's payload: files (path -> (bytes, mode)), symlinks (path -> target), maintainer scripts."""
+
+    files: dict[str, tuple[bytes, int]] = field(default_factory=dict)
+    links: dict[str, str] = field(default_factory=dict)
+    scripts: dict[str, str] = field(default_factory=dict)
+
+    def add(self, path: str, data: str | bytes, mode: int = 0o644) -> None:
+        self.files[path.lstrip("/")] = (data.encode() if isinstance(data, str) else data, mode)
+
+
+# ------------------------------------------------------------------------------------------- which packages
+
+def lab_stacks(profiles=None, previous: int = 2) -> list[dict]:
+    """Resolved stacks the mirror carries: for each lab profile's hardware on debian-12, the default
+    (newest) stack plus one pinned to each of the `previous` stable driver branches below it."""
+    from gpuprov.lab.profiles import load_profiles
+    from gpuprov.stack.data import table
+    from gpuprov.stack.resolve import STABLE_KINDS, StackConflict, resolve
+
+    if profiles is None:
+        profiles = load_profiles()
+    profiles = list(profiles.values()) if isinstance(profiles, dict) else list(profiles)
+    branches = table("drivers")["branches"]
+    stacks: list[dict] = []
+    for profile in profiles:
+        hw = profile.hardware
+        args = {"gpus": int(hw["count"]), "nvswitch": bool(hw["nvswitch"])}
+        newest = resolve(hw["gpu"], OS_KEY, **args)
+        stacks.append(newest.to_dict())
+        older = sorted((b for b, row in branches.items()
+                        if row.get("latest") and row.get("kind") in STABLE_KINDS
+                        and int(b) < int(newest.driver["branch"])), key=int, reverse=True)
+        taken = 0
+        for branch in older:
+            if taken == previous:
+                break
+            try:
+                stacks.append(resolve(hw["gpu"], OS_KEY, driver=branch, **args).to_dict())
+                taken += 1
+            except StackConflict:
+                continue
+    return stacks
+
+
+def _role(component: str, name: str) -> str:
+    if component == "driver" and name.startswith("nvidia-driver-pinning-"):
+        return "driver_pinning"
+    if component == "cuda" and name.startswith("cuda-compat-"):
+        return "cuda_compat"
+    return component
+
+
+def _upstream(version: str) -> str:
+    """"1:4.4.1-1" -> "4.4.1"; "575.57.08-1" -> "575.57.08"."""
+    return version.split(":", 1)[-1].rsplit("-", 1)[0]
+
+
+def standin_packages(stacks: list[dict], kernel: str) -> list[PackageSpec]:
+    """Every package of `stacks` (Stack.to_dict() documents), deduplicated by (name, version), plus the
+    `linux-headers-<kernel>` stand-in; in a stable order."""
+    seen: dict[tuple[str, str], PackageSpec] = {}
+    for stack in stacks:
+        for component in ("driver", "fabricmanager", "cuda", "nccl", "container_toolkit", "dcgm"):
+            part = stack.get(component)
+            if not part:
+                continue
+            for pkg in part["packages"]:
+                name, version = str(pkg["name"]), str(pkg["version"])
+                if not _PACKAGE_NAME.fullmatch(name) or not _VERSION.fullmatch(version):
+                    raise GpuprovError(f"stack package {name!r} {version!r} is not a valid Debian name/version",
+                                       step="lab mirror", hint="check gpuprov/data/packages.yaml")
+                role = _role(component, name)
+                upstream = _upstream(version) if role == "cuda_compat" else str(part["version"])
+                seen.setdefault((name, version), PackageSpec(name, version, role, upstream))
+    headers = kernel_headers_spec(kernel)
+    seen.setdefault((headers.name, headers.version), headers)
+    return sorted(seen.values(), key=lambda s: (s.name, s.version))
+
+
+def kernel_headers_spec(kernel: str) -> PackageSpec:
+    """A stand-in `linux-headers-<kernel>` for the running kernel (the lab containers share it)."""
+    name = f"linux-headers-{kernel}"
+    base = re.match(r"\d+(?:\.\d+)*", kernel)
+    if not _PACKAGE_NAME.fullmatch(name) or not base:
+        raise GpuprovError(f"kernel release {kernel!r} gives no valid Debian package name", step="lab mirror",
+                           hint="the lab needs a kernel release like 6.1.0-18-amd64 (uname -r)")
+    return PackageSpec(name, f"{base.group(0)}-0gpuprovlab1", "kernel_headers", kernel)
+
+
+# ------------------------------------------------------------------------------------------ simulated data
+
+@functools.cache
+def _smi_data() -> dict:
+    return yaml.safe_load((FILES / "smi.yaml").read_text(encoding="utf-8"))
+
+
+def driver_cuda_version(driver_version: str) -> str:
+    """The highest CUDA release a driver runs natively (nvidia-smi's `CUDA Version`), from cuda.yaml."""
+    from gpuprov.stack.data import at_least, table, vkey
+
+    fits = [minor for minor, row in table("cuda")["releases"].items()
+            if at_least(driver_version, min(row["updates"].values(), key=vkey))]
+    return max(fits, key=vkey) if fits else "N/A"
+
+
+def gpu_profiles_table(profiles=None) -> dict[str, list[dict]]:
+    """What the simulated nvidia-smi reports per lab profile: one row per GPU (catalog names and sizes)."""
+    from gpuprov import catalog
+    from gpuprov.lab.profiles import load_profiles
+
+    smi = _smi_data()
+    out = {}
+    for name, profile in sorted((profiles if profiles is not None else load_profiles()).items()):
+        rows = []
+        for device in profile.gpu_devices():
+            model = catalog.by_pci_id(device["device"]) or catalog.lookup(profile.hardware["gpu"])
+            rows.append({
+                "bus_id": "0000" + device["slot"].upper(), "device_id": device["device"],
+                "name": model.names[0], "brand": "NVIDIA" if model.datacenter else "GeForce",
+                "architecture": smi["architectures"].get(model.arch, model.arch.title()),
+                "compute_capability": model.compute_capability, "memory_mib": model.memory_gib * 1024,
+                "ecc": True if model.datacenter else None,
+                "mig": model.compute_capability in smi["mig_compute_capabilities"]})
+        out[name] = rows
+    return out
+
+
+# --------------------------------------------------------------------------------------------- contents
+
+def _template(name: str, version: str = "") -> str:
+    return (FILES / name).read_text(encoding="utf-8").replace("@VERSION@", version)
+
+
+def _marker(spec: PackageSpec) -> str:
+    return f"{spec.name} {spec.version}: {NOT_NVIDIA}\n"
+
+
+def _enable_script(unit: str, first_load: bool) -> str:
+    load = ("  mkdir -p /run/gpuprov-lab\n"
+            "  [ -e /run/gpuprov-lab/loaded-driver ] || cp /usr/lib/gpuprov-lab/driver-version "
+            "/run/gpuprov-lab/loaded-driver\n") if first_load else ""
+    return ("#!/bin/sh\nset -e\nif [ \"$1\" = configure ]; then\n"
+            "  mkdir -p /etc/systemd/system/multi-user.target.wants\n"
+            f"  ln -sf /{UNITS}/{unit} /etc/systemd/system/multi-user.target.wants/{unit}\n{load}"
+            "  if [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi\nfi\n")
+
+
+def _disable_script(unit: str) -> str:
+    return ("#!/bin/sh\nset -e\nif [ \"$1\" = remove ] || [ \"$1\" = purge ]; then\n"
+            f"  [ -e /{UNITS}/{unit} ] || rm -f /etc/systemd/system/multi-user.target.wants/{unit}\n"
+            "  if [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi\nfi\n")
+
+
+def _reload_script() -> str:
+    return "#!/bin/sh\nset -e\nif [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi\n"
+
+
+def package_contents(spec: PackageSpec, gpu_table: dict, arch: str = "amd64") -> Contents:
+    """What a stand-in installs, by role."""
+    out = Contents()
+    out.add(f"usr/share/doc/{spec.name}/gpuprov-lab-standin", _marker(spec))
+    triplet = TRIPLETS.get(arch, f"{arch}-linux-gnu")
+    role, v = spec.role, spec.upstream
+    if role == "driver":
+        out.add("usr/bin/nvidia-smi", _template("nvidia-smi"), 0o755)
+        out.add(f"{LIB}/driver-version", v + "\n")
+        out.add(f"{LIB}/driver-cuda-version", driver_cuda_version(v) + "\n")
+        out.add(f"{LIB}/gpu-profiles.json", json.dumps(gpu_table, indent=1, sort_keys=True) + "\n")
+        out.add(f"{UNITS}/nvidia-persistenced.service", _template("nvidia-persistenced.service"))
+        out.add(f"{UNITS}/{MODULE_UNIT}", _template(MODULE_UNIT))
+        out.add(f"usr/lib/{triplet}/libnvidia-ml.so.{v}", _marker(spec))
+        out.links[f"usr/lib/{triplet}/libnvidia-ml.so.1"] = f"libnvidia-ml.so.{v}"
+        out.scripts["postinst"] = _enable_script(MODULE_UNIT, first_load=True)
+        out.scripts["postrm"] = _disable_script(MODULE_UNIT)
+    elif role == "driver_pinning":
+        out.add(f"usr/share/gpuprov-lab/driver-pinning-{v.split('.')[0]}", _marker(spec))
+    elif role == "fabricmanager":
+        out.add("usr/bin/nv-fabricmanager", _template("nv-fabricmanager", v), 0o755)
+        out.add("usr/share/nvidia/nvswitch/fabricmanager.cfg", "# " + _marker(spec))
+        out.add(f"{UNITS}/nvidia-fabricmanager.service", _template("nvidia-fabricmanager.service"))
+        out.scripts["postinst"] = out.scripts["postrm"] = _reload_script()
+    elif role == "cuda":
+        minor = ".".join(v.split(".")[:2])
+        home = f"usr/local/cuda-{minor}"
+        out.add(f"{home}/version.json", json.dumps({"cuda": {"name": "CUDA SDK", "version": v}}, indent=3) + "\n")
+        out.add(f"{home}/bin/nvcc", "#!/bin/sh\n# " + _marker(spec) +
+                "printf '%s\\n' 'nvcc: NVIDIA (R) Cuda compiler driver' "
+                f"'Cuda compilation tools, release {minor}, V{v}'\n", 0o755)
+        priority = int(minor.replace(".", ""))
+        out.scripts["postinst"] = ("#!/bin/sh\nset -e\nif [ \"$1\" = configure ]; then\n"
+                                   f"  update-alternatives --install /usr/local/cuda cuda /{home} {priority}\nfi\n")
+        out.scripts["prerm"] = ("#!/bin/sh\nset -e\nif [ \"$1\" = remove ]; then\n"
+                                f"  update-alternatives --remove cuda /{home} || true\nfi\n")
+    elif role == "cuda_compat":
+        minor = spec.name.removeprefix("cuda-compat-").replace("-", ".")
+        compat = f"usr/local/cuda-{minor}/compat"
+        out.add(f"{compat}/libcuda.so.{v}", _marker(spec))
+        out.links[f"{compat}/libcuda.so.1"] = f"libcuda.so.{v}"
+    elif role == "nccl":
+        major, minor, patch = (v.split(".") + ["0", "0"])[:3]
+        if spec.name.endswith("-dev") or spec.name.endswith("-devel"):
+            out.add("usr/include/nccl.h", f"/* {_marker(spec).strip()} */\n#define NCCL_MAJOR {major}\n"
+                    f"#define NCCL_MINOR {minor}\n#define NCCL_PATCH {patch}\n"
+                    f"#define NCCL_VERSION_CODE {int(major) * 10000 + int(minor) * 100 + int(patch)}\n")
+            out.links[f"usr/lib/{triplet}/libnccl.so"] = "libnccl.so.2"
+        else:
+            out.add(f"usr/lib/{triplet}/libnccl.so.{v}", _marker(spec))
+            out.links[f"usr/lib/{triplet}/libnccl.so.2"] = f"libnccl.so.{v}"
+    elif role == "container_toolkit":
+        _toolkit_contents(out, spec, triplet)
+    elif role == "dcgm":
+        if spec.name.endswith("-core"):
+            out.add("usr/bin/dcgmi", _template("dcgmi", v), 0o755)
+            out.add("usr/bin/nv-hostengine", _template("nv-hostengine", v), 0o755)
+            out.add(f"{UNITS}/nvidia-dcgm.service", _template("nvidia-dcgm.service"))
+            out.scripts["postinst"] = out.scripts["postrm"] = _reload_script()
+        else:
+            out.add(f"usr/lib/{triplet}/datacenter-gpu-manager-4/{spec.name}", _marker(spec))
+    elif role == "kernel_headers":
+        out.add(f"usr/src/linux-headers-{v}/Makefile", "# " + _marker(spec).replace(NOT_NVIDIA, "gpuprov lab "
+                "stand-in, not Debian's kernel headers"))
+        out.links[f"lib/modules/{v}/build"] = f"/usr/src/linux-headers-{v}"
+    else:
+        raise GpuprovError(f"no stand-in for role {role!r} ({spec.name})", step="lab mirror")
+    return out
+
+
+def _toolkit_contents(out: Contents, spec: PackageSpec, triplet: str) -> None:
+    v = spec.upstream
+    if spec.name == "nvidia-container-toolkit-base":
+        out.add("usr/bin/nvidia-ctk", _template("nvidia-ctk", v), 0o755)
+        out.add("usr/bin/nvidia-container-runtime", "#!/bin/sh\n# " + _marker(spec) +
+                f"[ \"$1\" = --version ] && {{ echo 'NVIDIA Container Runtime version {v}'; exit 0; }}\n"
+                "echo 'gpuprov lab stand-in: cannot run GPU containers' >&2\nexit 1\n", 0o755)
+    elif spec.name == "nvidia-container-toolkit":
+        out.add("usr/bin/nvidia-container-runtime-hook", "#!/bin/sh\n# " + _marker(spec) + "exit 0\n", 0o755)
+    elif spec.name == "libnvidia-container-tools":
+        out.add("usr/bin/nvidia-container-cli", "#!/bin/sh\n# " + _marker(spec) +
+                f"[ \"$1\" = --version ] && {{ echo 'cli-version: {v}'; exit 0; }}\n"
+                "echo 'gpuprov lab stand-in: not simulated' >&2\nexit 1\n", 0o755)
+    else:
+        out.add(f"usr/lib/{triplet}/libnvidia-container.so.{v}", _marker(spec))
+        out.links[f"usr/lib/{triplet}/libnvidia-container.so.1"] = f"libnvidia-container.so.{v}"
+
+
+def control_text(spec: PackageSpec, arch: str, installed_kib: int) -> str:
+    """The DEBIAN/control file of a stand-in (no Depends on any NVIDIA package)."""
+    what = "gpuprov lab stand-in, not Debian's kernel headers" if spec.role == "kernel_headers" else NOT_NVIDIA
+    lines = [f"Package: {spec.name}", f"Version: {spec.version}", f"Architecture: {arch}",
+             f"Maintainer: {MAINTAINER}", f"Installed-Size: {installed_kib}", "Section: misc",
+             "Priority: optional"]
+    virtual = EXCLUSIVE.get(spec.role)
+    if virtual:
+        lines += [f"Provides: {virtual}", f"Conflicts: {virtual}", f"Replaces: {virtual}"]
+    lines += [f"Description: {what}",
+              f" Simulates {spec.name} {spec.version} ({spec.role.replace('_', ' ')}) for gpuprov's lab",
+              " tests; it installs simulated tools and marker files only."]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------ build
+
+def deb_filename(spec: PackageSpec, arch: str) -> str:
+    return f"{spec.name}_{spec.filename_version}_{arch}.deb"
+
+
+def inputs_digest(specs: list[PackageSpec], gpu_table: dict, arch: str) -> str:
+    """Hash of everything a build depends on: the package set, the templates, the GPU table, this module."""
+    digest = hashlib.sha256()
+    for spec in specs:
+        digest.update(f"{spec.name}\0{spec.version}\0{spec.role}\0{spec.upstream}\n".encode())
+    for path in sorted(FILES.iterdir()):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    digest.update(Path(__file__).read_bytes())
+    digest.update(json.dumps(gpu_table, sort_keys=True).encode() + arch.encode())
+    return digest.hexdigest()[:16]
+
+
+def _stage(spec: PackageSpec, contents: Contents, arch: str, root: Path) -> None:
+    for rel, (data, mode) in contents.files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        path.chmod(mode)
+    for rel, target in contents.links.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.symlink_to(target)
+    size = sum(len(data) for data, _ in contents.files.values())
+    debian = root / "DEBIAN"
+    debian.mkdir(parents=True)
+    (debian / "control").write_text(control_text(spec, arch, max(1, math.ceil(size / 1024))), encoding="utf-8")
+    for name, text in contents.scripts.items():
+        (debian / name).write_text(text, encoding="utf-8")
+        (debian / name).chmod(0o755)
+    for directory in [root, *(p for p in root.rglob("*") if p.is_dir() and not p.is_symlink())]:
+        directory.chmod(0o755)
+
+
+def build_debs(specs: list[PackageSpec], out_dir: Path, gpu_table: dict, arch: str = "amd64") -> list[Path]:
+    """Build every stand-in with `dpkg-deb --build --root-owner-group` into `out_dir`. Returns the .deb paths."""
+    dpkg_deb = shutil.which("dpkg-deb")
+    if dpkg_deb is None:
+        raise GpuprovError("dpkg-deb is not installed", step="lab mirror", hint="run: apt-get install -y dpkg")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="gpuprov-lab-standins-"))
+
+    def build(item: tuple[int, PackageSpec]) -> Path:
+        index, spec = item
+        root = work / str(index)
+        _stage(spec, package_contents(spec, gpu_table, arch), arch, root)
+        target = out_dir / deb_filename(spec, arch)
+        cmd = [dpkg_deb, "--build", "--root-owner-group", "-Zgzip", "-z1", str(root), str(target)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise GpuprovError(f"dpkg-deb failed for {spec.name} {spec.version}", step="lab mirror",
+                               command=" ".join(cmd), output=proc.stdout + proc.stderr,
+                               hint="fix the stand-in in gpuprov/lab/standins.py")
+        return target
+
+    try:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            return list(pool.map(build, enumerate(specs)))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

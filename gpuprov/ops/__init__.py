@@ -1,0 +1,53 @@
+"""Operations: facts + resolved stack + repository in, `Change`s (quoted shell commands) out.
+
+One module per component, applied in `COMPONENTS` order. A host already in the desired state yields no
+change, so a second run changes nothing.
+"""
+
+from __future__ import annotations
+
+from gpuprov.errors import InputError
+from gpuprov.ops import (
+    container_toolkit,
+    cuda,
+    dcgm,
+    driver,
+    fabricmanager,
+    kernel,
+    nccl,
+    pins,
+    sources,
+)
+from gpuprov.ops.base import Change, OpContext, RepoSpec
+
+__all__ = ["COMPONENTS", "MANAGED_FILES", "Change", "OpContext", "RepoSpec", "plan_changes"]
+
+_MODULES = (sources, kernel, driver, cuda, nccl, container_toolkit, fabricmanager, dcgm, pins)
+COMPONENTS: tuple[str, ...] = tuple(module.COMPONENT for module in _MODULES)
+MANAGED_FILES: tuple[str, ...] = (*sources.FILES, *kernel.FILES, *container_toolkit.FILES, *pins.FILES)
+
+
+def plan_changes(ctx: OpContext, only: set[str] | None = None) -> list[Change]:
+    """Every change the host needs, components in order; [] when it is in the desired state.
+
+    The package index is refreshed once per plan: before the first change that needs it.
+    """
+    unknown = sorted(set(only or ()) - set(COMPONENTS))
+    if unknown:
+        raise InputError(f"unknown component(s): {', '.join(unknown)}", host=ctx.host, step="plan",
+                         hint=f"choose from: {', '.join(COMPONENTS)}")
+    refresh = ctx.pm.update()
+    refreshed = False
+    planned = []
+    for module in _MODULES:
+        if only is not None and module.COMPONENT not in only:
+            continue
+        for change in module.changes(ctx):
+            if refreshed and refresh in change.commands:
+                commands = tuple(command for command in change.commands if command != refresh)
+                if not commands:
+                    continue
+                change = Change(change.component, change.summary, commands, change.reboot, change.diff)
+            refreshed = refreshed or refresh in change.commands
+            planned.append(change)
+    return planned

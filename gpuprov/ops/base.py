@@ -1,0 +1,186 @@
+"""The data every operation shares: the change it proposes, the repository spec, the context it reads.
+
+Operations are pure: facts + stack + repository spec in, `Change`s out. Nothing here touches a host.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import shlex
+from dataclasses import dataclass
+
+from gpuprov.errors import GpuprovError, InputError
+from gpuprov.ops.pkg import Package, PackageManager, for_family
+
+q = shlex.quote
+
+
+@dataclass(frozen=True)
+class Change:
+    """One step that moves a host toward the desired state."""
+
+    component: str
+    summary: str
+    commands: tuple[str, ...]
+    reboot: bool = False
+    diff: str | None = None
+
+
+@dataclass(frozen=True)
+class RepoSpec:
+    """Where packages come from: NVIDIA's CUDA repository or an inventory mirror of it."""
+
+    url: str
+    key_url: str | None
+    key_data: str | None
+    fingerprint: str | None
+    proxy: str | None = None
+    ca_pem: str | None = None
+
+
+@dataclass(frozen=True)
+class OpContext:
+    """What an operation reads: host facts, the resolved stack, the repository."""
+
+    host: str
+    facts: dict
+    stack: dict
+    repo: RepoSpec
+    lock_timeout: int = 300
+
+    @property
+    def family(self) -> str:
+        family = (self.facts.get("os") or {}).get("family")
+        if family not in ("debian", "rhel"):
+            raise GpuprovError(f"unsupported operating system family {family!r}", host=self.host,
+                               step="plan", hint="gpuprov provisions Debian/Ubuntu and RHEL-family hosts only")
+        return family
+
+    @property
+    def pm(self) -> PackageManager:
+        return for_family(self.family, self.lock_timeout)
+
+    def file(self, path: str) -> str | None:
+        """Current content of a managed file (None when absent)."""
+        return (self.facts.get("files") or {}).get(path)
+
+    def installed(self, name: str) -> str | None:
+        return (self.facts.get("packages") or {}).get(name)
+
+    def service(self, name: str) -> dict:
+        return (self.facts.get("services") or {}).get(name) or {}
+
+    def error(self, component: str, message: str, hint: str) -> GpuprovError:
+        return GpuprovError(message, host=self.host, step=component, hint=hint)
+
+
+def driver_pending(ctx: OpContext) -> bool:
+    """True while the loaded kernel module is not the stack's driver (a reboot is still to come)."""
+    return ctx.facts.get("loaded_driver_version") != ctx.stack["driver"]["version"]
+
+
+def service_change(ctx: OpContext, component: str, service: str, state: dict | None) -> Change | None:
+    """Enable a driver-bound service; start it too unless the stack's driver is still to be loaded."""
+    state = state or {}
+    pending = driver_pending(ctx)
+    if state.get("enabled") and (state.get("active") or pending):
+        return None
+    if pending:
+        return Change(component, f"enable {service} (it starts with the new driver after the reboot)",
+                      (f"systemctl enable {service}",))
+    return Change(component, f"enable and start {service}", (f"systemctl enable --now {service}",))
+
+
+def stack_packages(ctx: OpContext, section: str) -> list[Package]:
+    """The exact packages of one stack section (`[]` when the section is null)."""
+    entry = ctx.stack.get(section)
+    if entry is None:
+        return []
+    try:
+        return [Package(str(p["name"]), str(p["version"])) for p in entry["packages"]]
+    except (KeyError, TypeError) as exc:
+        raise InputError(f"stack section {section!r} has no valid package list ({exc})", host=ctx.host,
+                         step=section, hint="re-resolve the stack (invoke stack.resolve)") from None
+
+
+def at_version(ctx: OpContext, pkg: Package) -> bool:
+    """Whether the package is installed at exactly the wanted version."""
+    return ctx.pm.same_version(ctx.installed(pkg.name), pkg.version)
+
+
+def locked(ctx: OpContext) -> dict[str, set[str]]:
+    """Held packages: apt holds (facts["held"]) or dnf versionlock entries (name -> versions)."""
+    if ctx.family == "debian":
+        return {name: set() for name in ctx.facts.get("held") or []}
+    return parse_versionlock(ctx.file(VERSIONLOCK_LIST) or "")
+
+
+VERSIONLOCK_LIST = "/etc/dnf/plugins/versionlock.list"
+
+
+def parse_versionlock(text: str) -> dict[str, set[str]]:
+    """`name-[epoch:]version-release.arch|*` lines -> {name: {"version-release"}} (exclusions skipped)."""
+    entries: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", "!")):
+            continue
+        parts = line.rsplit("-", 2)
+        if len(parts) != 3:
+            continue
+        name, version, release = parts
+        release = re.sub(r"\.(\*|x86_64|aarch64|noarch|i686)$", "", release)
+        entries.setdefault(name, set()).add(f"{version.split(':')[-1]}-{release}")
+    return entries
+
+
+def package_change(ctx: OpContext, component: str, wanted: list[Package], *,
+                   remove: tuple[str, ...] = (), reboot: bool = False) -> Change | None:
+    """Install `wanted` at exact versions (and drop `remove`), unholding what moves; None when in state."""
+    missing = [p for p in wanted if not at_version(ctx, p)]
+    remove = tuple(name for name in remove if ctx.installed(name) is not None)
+    if not missing and not remove:
+        return None
+    pm = ctx.pm
+    held = locked(ctx)
+    unhold = sorted({p.name for p in missing if p.name in held} | {n for n in remove if n in held})
+    commands = [pm.update()]
+    if unhold:
+        commands.append(pm.unhold(unhold))
+    commands.extend(pm.install(missing, remove=remove))
+    parts = [f"install {pm.spec(p)} (installed: {ctx.installed(p.name) or 'none'})" for p in missing]
+    parts += [f"remove {name} {ctx.installed(name)}" for name in remove]
+    return Change(component, "; ".join(parts), tuple(commands), reboot=reboot)
+
+
+def unified_diff(path: str, old: str | None, new: str | None) -> str:
+    return "".join(difflib.unified_diff(
+        (old or "").splitlines(keepends=True), (new or "").splitlines(keepends=True),
+        fromfile=path if old is not None else "/dev/null", tofile=path if new is not None else "/dev/null"))
+
+
+def write_file(path: str, content: str, mode: str = "0644") -> str:
+    """Atomic write: the whole content to a temporary file beside the target, then rename."""
+    tmp = f"{path}.gpuprov.tmp"
+    directory = path.rsplit("/", 1)[0] or "/"
+    return (f"mkdir -p {q(directory)} && printf %s {q(content)} > {q(tmp)} && chmod {mode} {q(tmp)} "
+            f"&& mv -f {q(tmp)} {q(path)}")
+
+
+def file_change(ctx: OpContext, component: str, path: str, content: str | None, what: str, *,
+                then: tuple[str, ...] = (), reboot: bool = False, mode: str = "0644",
+                redact=lambda text: text) -> Change | None:
+    """Make a managed file hold `content` (None: absent); `then` runs after the write. None when in state."""
+    current = ctx.file(path)
+    if current == content:
+        return None
+    if content is None:
+        command = f"rm -f {q(path)}"
+        summary = f"remove {path} ({what})"
+    else:
+        command = write_file(path, content, mode)
+        summary = f"{'update' if current is not None else 'create'} {path} ({what})"
+    diff = unified_diff(path, None if current is None else redact(current),
+                        None if content is None else redact(content))
+    return Change(component, summary, (command, *then), reboot=reboot, diff=diff)

@@ -1,0 +1,65 @@
+"""The NVIDIA driver at the resolved branch, version and kernel-module flavor; other branches replaced."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from gpuprov.ops.base import Change, OpContext, package_change, stack_packages
+
+COMPONENT = "driver"
+_DRIVER_PREFIXES = ("nvidia-", "libnvidia-", "cuda-drivers", "xserver-xorg-video-nvidia", "kmod-nvidia",
+                    "linux-modules-nvidia-", "linux-objects-nvidia-", "linux-signatures-nvidia-")
+# Packages with NVIDIA names that belong to other components and never to a driver branch.
+_NOT_DRIVER = re.compile(r"(lib)?nvidia-container.*|nvidia-docker2?")
+_KERNEL_MODULE_WORDS = {"dkms", "source", "modules", "objects", "signatures"}
+_PROPRIETARY_META = re.compile(r"(cuda-drivers|nvidia-driver)-\d{3}(-server)?")
+
+
+def branch_of(name: str) -> str | None:
+    """The driver branch a package name carries (`libnvidia-compute-570` -> "570"), if any."""
+    for word in name.split("-"):
+        if len(word) == 3 and word.isdigit() and 300 <= int(word) <= 999:
+            return word
+    return None
+
+
+def flavor_of(name: str) -> str | None:
+    """"open" / "proprietary" for kernel-module and flavor meta packages, None for flavor-neutral ones."""
+    words = set(name.split("-"))
+    if "open" in words:
+        return "open"
+    if words & _KERNEL_MODULE_WORDS or _PROPRIETARY_META.fullmatch(name):
+        return "proprietary"
+    return None
+
+
+def stale_packages(ctx: OpContext) -> tuple[str, ...]:
+    """Installed driver packages of another branch or the other kernel-module flavor."""
+    driver = ctx.stack["driver"]
+    wanted = {p.name for p in stack_packages(ctx, "driver")}
+    stale = []
+    for name in sorted(ctx.facts.get("packages") or {}):
+        if name in wanted or not name.startswith(_DRIVER_PREFIXES) or _NOT_DRIVER.fullmatch(name):
+            continue
+        branch, flavor = branch_of(name), flavor_of(name)
+        if (branch and branch != str(driver["branch"])) or (flavor and flavor != driver["kernel_modules"]):
+            stale.append(name)
+    return tuple(stale)
+
+
+def driver_change(ctx: OpContext) -> Change | None:
+    """The driver package change this plan makes (None when the driver packages are in state)."""
+    change = package_change(ctx, COMPONENT, stack_packages(ctx, "driver"), remove=stale_packages(ctx),
+                            reboot=True)
+    if change is None:
+        return None
+    driver = ctx.stack["driver"]
+    summary = f"driver {driver['version']} ({driver['kernel_modules']} kernel modules): {change.summary}"
+    return Change(COMPONENT, summary, change.commands, reboot=True)
+
+
+def changes(ctx: OpContext) -> Iterator[Change]:
+    change = driver_change(ctx)
+    if change is not None:
+        yield change

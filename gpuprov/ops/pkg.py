@@ -1,0 +1,133 @@
+"""Package-manager commands: apt (Debian/Ubuntu) and dnf (RHEL family), exact versions, quoted."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from gpuprov.errors import InputError
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9+._:-]*")
+_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+~:_-]*")
+
+
+@dataclass(frozen=True)
+class Package:
+    """A package at one exact repository version string."""
+
+    name: str
+    version: str
+
+    def __post_init__(self):
+        if not _NAME.fullmatch(self.name) or not _VERSION.fullmatch(self.version):
+            raise InputError(f"not a valid package name/version: {self.name!r} {self.version!r}",
+                             step="plan", hint="check the stack data (gpuprov/data/*.yaml) or the lock file")
+
+
+def _join(words: Iterable[str]) -> str:
+    return " ".join(shlex.quote(word) for word in words)
+
+
+class PackageManager:
+    """Commands for one package manager; every value is shell-quoted."""
+
+    family: str
+
+    def __init__(self, lock_timeout: int = 300):
+        self.lock_timeout = int(lock_timeout)
+
+    def spec(self, pkg: Package) -> str:
+        raise NotImplementedError
+
+    def same_version(self, installed: str | None, wanted: str) -> bool:
+        raise NotImplementedError
+
+    def update(self) -> str:
+        raise NotImplementedError
+
+    def install(self, packages: Sequence[Package], remove: Sequence[str] = ()) -> list[str]:
+        raise NotImplementedError
+
+    def install_names(self, names: Sequence[str]) -> str:
+        raise NotImplementedError
+
+    def hold(self, packages: Sequence[Package]) -> str:
+        raise NotImplementedError
+
+    def unhold(self, names: Sequence[str]) -> str:
+        raise NotImplementedError
+
+
+class Apt(PackageManager):
+    family = "debian"
+
+    def _apt(self, tool: str, args: str) -> str:
+        return (f"DEBIAN_FRONTEND=noninteractive {tool} -o DPkg::Lock::Timeout={self.lock_timeout} "
+                f"-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold {args}")
+
+    def spec(self, pkg: Package) -> str:
+        return f"{pkg.name}={pkg.version}"
+
+    def same_version(self, installed: str | None, wanted: str) -> bool:
+        return installed == wanted
+
+    def update(self) -> str:
+        return self._apt("apt-get", "-q update")
+
+    def install(self, packages: Sequence[Package], remove: Sequence[str] = ()) -> list[str]:
+        """One transaction: `name=version` installs (downgrades allowed) and `name-` removals."""
+        words = [self.spec(p) for p in packages] + [f"{name}-" for name in remove]
+        return [self._apt("apt-get", f"-y -q install --no-install-recommends --allow-downgrades {_join(words)}")]
+
+    def install_names(self, names: Sequence[str]) -> str:
+        return self._apt("apt-get", f"-y -q install --no-install-recommends {_join(names)}")
+
+    def hold(self, packages: Sequence[Package]) -> str:
+        return self._apt("apt-mark", f"hold {_join(p.name for p in packages)}")
+
+    def unhold(self, names: Sequence[str]) -> str:
+        return self._apt("apt-mark", f"unhold {_join(names)}")
+
+
+class Dnf(PackageManager):
+    """dnf waits for the rpm lock by itself; `lock_timeout` has no dnf equivalent."""
+
+    family = "rhel"
+
+    def spec(self, pkg: Package) -> str:
+        return f"{pkg.name}-{pkg.version}"
+
+    def same_version(self, installed: str | None, wanted: str) -> bool:
+        """rpm versions compared without the epoch (facts drop a zero epoch, stacks may omit it)."""
+        return installed is not None and installed.split(":")[-1] == wanted.split(":")[-1]
+
+    def update(self) -> str:
+        return "dnf -y makecache"
+
+    def install(self, packages: Sequence[Package], remove: Sequence[str] = ()) -> list[str]:
+        """Removals first, then exact NEVRs (dnf installs exactly that version, up or down)."""
+        commands = [f"dnf -y remove {_join(remove)}"] if remove else []
+        if packages:
+            commands.append("dnf -y --setopt=install_weak_deps=False install --allowerasing "
+                            + _join(self.spec(p) for p in packages))
+        return commands
+
+    def install_names(self, names: Sequence[str]) -> str:
+        return f"dnf -y --setopt=install_weak_deps=False install {_join(names)}"
+
+    def hold(self, packages: Sequence[Package]) -> str:
+        return f"dnf -y versionlock add {_join(self.spec(p) for p in packages)}"
+
+    def unhold(self, names: Sequence[str]) -> str:
+        return f"dnf -y versionlock delete {_join(names)}"
+
+
+def for_family(family: str, lock_timeout: int = 300) -> PackageManager:
+    """The package manager of an OS family ("debian" or "rhel")."""
+    managers = {"debian": Apt, "rhel": Dnf}
+    if family not in managers:
+        raise InputError(f"no package manager for OS family {family!r}", step="plan",
+                         hint="gpuprov supports the debian and rhel families")
+    return managers[family](lock_timeout)

@@ -1,0 +1,137 @@
+"""NVIDIA's package repository (or the inventory mirror): signing key pinned by fingerprint, proxy, CA."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from gpuprov.errors import InputError
+from gpuprov.ops.base import Change, OpContext, file_change, q, write_file
+
+COMPONENT = "sources"
+APT_LIST = "/etc/apt/sources.list.d/gpuprov-nvidia.list"
+APT_KEYRING = "/usr/share/keyrings/gpuprov-nvidia.gpg"
+APT_PROXY = "/etc/apt/apt.conf.d/95gpuprov-proxy"
+DEB_CA = "/usr/local/share/ca-certificates/gpuprov-extra.crt"
+DNF_REPO = "/etc/yum.repos.d/gpuprov-nvidia.repo"
+RPM_KEY = "/etc/pki/rpm-gpg/RPM-GPG-KEY-gpuprov-nvidia"
+RHEL_CA = "/etc/pki/ca-trust/source/anchors/gpuprov-extra.crt"
+KEY_STAMP = "/etc/gpuprov/repo-key.fingerprint"
+FILES = (APT_LIST, APT_KEYRING, APT_PROXY, DEB_CA, DNF_REPO, RPM_KEY, RHEL_CA, KEY_STAMP)
+
+_URL = re.compile(r"(https?|file)://[^\s\x00-\x1f\x7f]+")
+_PROXY = re.compile(r"https?://[^\s\x00-\x1f\x7f\"]+")
+_FINGERPRINT = re.compile(r"[0-9A-F]{40}")
+_USERINFO = re.compile(r"(://[^/@:\s]+):[^/@\s]*@")
+HEADER = "Managed by gpuprov; local edits are replaced on the next provision run."
+
+
+def redact(text: str) -> str:
+    """Hide passwords in proxy URLs (`http://user:***@proxy:3128`)."""
+    return _USERINFO.sub(r"\1:***@", text)
+
+
+def _bad(ctx: OpContext, message: str, hint: str) -> InputError:
+    return InputError(message, host=ctx.host, step=COMPONENT, hint=hint)
+
+
+def fingerprint(ctx: OpContext) -> str:
+    """The pinned key fingerprint, normalized (40 upper-case hex digits); no fingerprint, no trust."""
+    raw = ctx.repo.fingerprint
+    value = re.sub(r"\s+", "", raw or "").upper()
+    if not _FINGERPRINT.fullmatch(value):
+        raise _bad(ctx, f"repository signing key fingerprint {raw!r} is not a 40-digit hex fingerprint",
+                   "set mirror.fingerprint in the inventory (gpg --show-keys KEYFILE prints it)")
+    return value
+
+
+def validate(ctx: OpContext) -> None:
+    repo = ctx.repo
+    if not _URL.fullmatch(repo.url or ""):
+        raise _bad(ctx, f"repository URL {redact(repo.url or '')!r} is not an http(s):// or file:// URL "
+                   "without spaces", "fix mirror.url in the inventory")
+    if repo.proxy is not None and not _PROXY.fullmatch(repo.proxy):
+        raise _bad(ctx, f"proxy {redact(repo.proxy)!r} is not an http(s):// URL without spaces or quotes",
+                   "fix mirror.proxy in the inventory")
+    if repo.key_data is None and not (repo.key_url and _URL.fullmatch(repo.key_url)):
+        raise _bad(ctx, "the repository has no signing key: neither key data nor an http(s)/file key URL",
+                   "set mirror.key_file in the inventory, or use NVIDIA's repository")
+    if repo.ca_pem is not None and "-----BEGIN CERTIFICATE-----" not in repo.ca_pem:
+        raise _bad(ctx, "the extra CA is not a PEM certificate", "point mirror.ca_file at a PEM file")
+    fingerprint(ctx)
+
+
+def _tools_command(ctx: OpContext) -> str:
+    """Install curl, gpg and the CA tooling only when one is missing (minimal images lack them)."""
+    if ctx.family == "debian":
+        check = "command -v curl && command -v gpg && command -v update-ca-certificates"
+        install = f"{ctx.pm.update()} && {ctx.pm.install_names(['ca-certificates', 'curl', 'gnupg'])}"
+    else:
+        check = "command -v curl && command -v gpg && command -v update-ca-trust"
+        install = ctx.pm.install_names(["ca-certificates", "curl", "gnupg2"])
+    return f"{{ {check}; }} >/dev/null 2>&1 || {{ {install}; }}"
+
+
+def key_command(repo_key_url: str | None, key_data: str | None, fpr: str, keyring: str, armored: bool,
+                stamp: str, proxy: str | None = None) -> str:
+    """Fetch the key, refuse it unless it is exactly one primary key with fingerprint `fpr`, install it."""
+    if key_data is not None:
+        fetch = f'printf %s {q(key_data)} > "$d/key"'
+        source = "the mirror key file"
+    else:
+        proxy_opt = f"--proxy {q(proxy)} " if proxy else ""
+        fetch = f'curl -fsSL --retry 3 --connect-timeout 20 {proxy_opt}-o "$d/key" {q(repo_key_url or "")}'
+        source = repo_key_url or ""
+    mismatch = ("gpuprov: the signing key from %s has fingerprint(s) '%s', expected %s; not trusting it. "
+                "Check the key source and the fingerprint in the inventory.\\n")
+    export = "--armor --export" if armored else "--export"
+    return ("( d=$(mktemp -d) && trap 'rm -rf \"$d\"' EXIT && export GNUPGHOME=\"$d\" && "
+            f"{fetch} && "
+            "got=$(gpg --batch --with-colons --show-keys \"$d/key\" | "
+            "awk -F: '$1==\"pub\"{p=1;next} p&&$1==\"fpr\"{print $10;p=0}' | tr '\\n' ' ' | sed 's/ *$//') && "
+            f"if [ \"$got\" != {q(fpr)} ]; then printf {q(mismatch)} {q(source)} \"$got\" {q(fpr)} >&2; exit 1; fi && "
+            f"gpg --batch --quiet --import \"$d/key\" && gpg --batch {export} {q(fpr)} > \"$d/out\" && "
+            f"mkdir -p {q(keyring.rsplit('/', 1)[0])} && install -m 0644 \"$d/out\" {q(keyring)} && "
+            f"{write_file(stamp, fpr + chr(10))} )")
+
+
+def changes(ctx: OpContext) -> Iterator[Change]:
+    validate(ctx)
+    repo = ctx.repo
+    debian = ctx.family == "debian"
+    fpr = fingerprint(ctx)
+    planned: list[Change] = []
+
+    if debian:
+        proxy_conf = None if repo.proxy is None else (
+            f"// {HEADER}\nAcquire::http::Proxy \"{repo.proxy}\";\nAcquire::https::Proxy \"{repo.proxy}\";\n")
+        planned.append(file_change(ctx, COMPONENT, APT_PROXY, proxy_conf, "apt proxy", redact=redact))
+
+    ca_path, ca_update = (DEB_CA, "update-ca-certificates") if debian else (RHEL_CA, "update-ca-trust")
+    ca = None if repo.ca_pem is None else repo.ca_pem.rstrip("\n") + "\n"
+    if ctx.file(ca_path) != ca:
+        tools = (_tools_command(ctx),) if ca is not None else ()
+        change = file_change(ctx, COMPONENT, ca_path, ca, "extra CA certificate", then=(ca_update,))
+        planned.append(Change(COMPONENT, change.summary, tools + change.commands, diff=change.diff))
+
+    keyring = APT_KEYRING if debian else RPM_KEY
+    if ctx.file(KEY_STAMP) != fpr + "\n" or ctx.file(keyring) is None:
+        source = "mirror key file" if repo.key_data is not None else redact(repo.key_url or "")
+        planned.append(Change(COMPONENT, f"install repository signing key {fpr} from {source}", (
+            _tools_command(ctx),
+            key_command(repo.key_url, repo.key_data, fpr, keyring, not debian, KEY_STAMP, repo.proxy))))
+
+    if debian:
+        listing = f"# {HEADER}\ndeb [signed-by={APT_KEYRING}] {repo.url} /\n"
+        planned.append(file_change(ctx, COMPONENT, APT_LIST, listing, "NVIDIA package repository"))
+    else:
+        proxy_line = f"proxy={repo.proxy}\n" if repo.proxy else ""
+        conf = (f"# {HEADER}\n# module_hotfixes: exact versions install without enabling a module stream.\n"
+                f"[gpuprov-nvidia]\nname=NVIDIA CUDA repository (gpuprov)\nbaseurl={repo.url}\nenabled=1\n"
+                f"gpgcheck=1\ngpgkey=file://{RPM_KEY}\nmodule_hotfixes=1\n{proxy_line}")
+        planned.append(file_change(ctx, COMPONENT, DNF_REPO, conf, "NVIDIA package repository", redact=redact))
+
+    planned = [change for change in planned if change is not None]
+    yield from planned
+    if planned:
+        yield Change(COMPONENT, "refresh the package index (sources changed)", (ctx.pm.update(),))

@@ -1,0 +1,87 @@
+"""The plan of one host: what will change and why, from its facts, its inventory variables and its stack."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuprov.errors import InputError
+
+
+@dataclass
+class HostPlan:
+    """A host's resolved stack and the ordered changes that bring it there ([] when in state)."""
+
+    host: object
+    facts: dict
+    stack: dict
+    changes: list
+
+    @property
+    def reboot_needed(self) -> bool:
+        return any(change.reboot for change in self.changes)
+
+    def to_dict(self) -> dict:
+        return {"host": self.host.name, "stack": self.stack, "reboot_needed": self.reboot_needed,
+                "changes": [{"component": c.component, "summary": c.summary, "commands": list(c.commands),
+                             "reboot": c.reboot, "diff": c.diff} for c in self.changes]}
+
+
+def _read_local(path: str | None, inventory_dir: Path, what: str, host: str) -> str | None:
+    if not path:
+        return None
+    file = Path(path).expanduser()
+    if not file.is_absolute():
+        file = inventory_dir / file
+    try:
+        return file.read_text()
+    except OSError as exc:
+        raise InputError(f"cannot read the mirror {what} {file}: {exc.strerror}", host=host, step="plan",
+                         hint=f"fix mirror.{what} in the inventory") from None
+
+
+def repo_spec(host, facts: dict, inventory_dir: Path):
+    """Where packages come from: the inventory's mirror, or NVIDIA's repository for the host's OS."""
+    from gpuprov.ops import RepoSpec
+    from gpuprov.stack.data import os_repo
+
+    mirror = host.vars.get("mirror") or {}
+    proxy = mirror.get("proxy")
+    ca_pem = _read_local(mirror.get("ca_file"), inventory_dir, "ca_file", host.name)
+    if mirror.get("url"):
+        return RepoSpec(url=mirror["url"], key_url=None if mirror.get("key_file") else mirror.get("key_url"),
+                        key_data=_read_local(mirror.get("key_file"), inventory_dir, "key_file", host.name),
+                        fingerprint=mirror.get("fingerprint"), proxy=proxy, ca_pem=ca_pem)
+    repo = os_repo(facts["os"]["key"])
+    return RepoSpec(url=repo["repo_url"], key_url=repo["key_url"], key_data=None,
+                    fingerprint=repo["key_fingerprint"], proxy=proxy, ca_pem=ca_pem)
+
+
+def prepare_changes(facts: dict) -> list:
+    """What must happen before any package work: finish an interrupted dpkg, let cloud-init finish."""
+    from gpuprov.ops import Change
+
+    changes = []
+    if facts.get("cloud_init") == "running":
+        changes.append(Change("prepare", "wait for cloud-init to finish first boot",
+                              ("cloud-init status --wait >/dev/null || true",)))
+    if facts.get("dpkg_interrupted"):
+        changes.append(Change("prepare", "finish the interrupted dpkg run (dpkg --configure -a)",
+                              ("DEBIAN_FRONTEND=noninteractive dpkg --configure -a",)))
+    return changes
+
+
+def require_supported_os(host_name: str, facts: dict) -> None:
+    if facts["os"]["key"] is None:
+        raise InputError(f"unsupported OS {facts['os'].get('pretty_name')!r}", host=host_name, step="facts",
+                         hint="gpuprov supports ubuntu-22.04, ubuntu-24.04, debian-12, rhel-9 and rocky-9")
+
+
+def plan_host(host, facts: dict, stack: dict, inventory_dir: Path, only: set[str] | None = None) -> HostPlan:
+    """The plan for one host from its facts and resolved stack."""
+    from gpuprov.ops import OpContext, plan_changes
+
+    require_supported_os(host.name, facts)
+    ctx = OpContext(host=host.name, facts=facts, stack=stack, repo=repo_spec(host, facts, inventory_dir))
+    changes = prepare_changes(facts) if only is None else []
+    return HostPlan(host, facts, stack, changes + plan_changes(ctx, only))

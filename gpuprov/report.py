@@ -1,0 +1,136 @@
+"""Human output: per-host progress lines and tables. Machine output lives with each task (JSON files)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+
+def console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False)
+
+
+def progress_printer(quiet: bool = False) -> Callable[[object, str], None]:
+    """An on_event callback that prints one line per host event on stderr, with elapsed time."""
+    lock = threading.Lock()
+    started: dict[str, float] = {}
+    out = console(stderr=True)
+    styles = {"ok": "green", "failed": "bold red", "skipped": "yellow", "start": "dim"}
+
+    def on_event(host, event: str) -> None:
+        if quiet:
+            return
+        with lock:
+            if event == "start":
+                started[host.name] = time.monotonic()
+                return
+            elapsed = time.monotonic() - started.get(host.name, time.monotonic())
+            out.print(f"[{styles.get(event, '')}]{event:>7}[/] {host.name} ({elapsed:.1f}s)")
+
+    return on_event
+
+
+def _gpu_summary(facts: dict) -> str:
+    models: dict[str, int] = {}
+    for gpu in facts.get("pci_gpus", []):
+        label = gpu["model"] or f"unknown 10de:{gpu['device_id']}"
+        models[label] = models.get(label, 0) + 1
+    text = ", ".join(f"{count}x {model}" for model, count in models.items()) or "none"
+    if facts.get("nvswitch_count"):
+        text += f" + {facts['nvswitch_count']} NVSwitch"
+    return text
+
+
+def _maybe(value, none: str = "-") -> str:
+    if value is None:
+        return none
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def facts_rows(facts: dict) -> list[tuple[str, str]]:
+    """The readable key/value rows of one host's facts."""
+    smi = facts.get("nvidia_smi") or {}
+    os_ = facts.get("os") or {}
+    docker = facts.get("docker")
+    fm = facts.get("fabricmanager")
+    return [
+        ("OS", f"{_maybe(os_.get('pretty_name'))} ({_maybe(os_.get('key'), 'unsupported')})"),
+        ("kernel / arch", f"{_maybe(facts.get('kernel'))} / {_maybe(facts.get('arch'))}"),
+        ("CPUs / memory", f"{_maybe(facts.get('cpus'))} / {_maybe(facts.get('mem_total_mib'))} MiB"),
+        ("GPUs (PCI)", _gpu_summary(facts)),
+        ("nvidia-smi", smi.get("error") or (f"driver {smi.get('driver_version')}, CUDA {smi.get('cuda_version')}, "
+                                            f"{len(smi.get('gpus', []))} GPUs" if smi else "not installed")),
+        ("loaded module", _maybe(facts.get("loaded_driver_version"), "none")),
+        ("NVIDIA packages", f"{len(facts.get('packages', {}))} installed, {len(facts.get('held', []))} held"),
+        ("nouveau loaded", _maybe(facts.get("nouveau_loaded"))),
+        ("Secure Boot", _maybe(facts.get("secure_boot"), "unknown")),
+        ("kernel headers", _maybe(facts.get("kernel_headers"))),
+        ("Docker", "not installed" if docker is None else
+         f"{docker['version']} ({'active' if docker['active'] else 'inactive'}), "
+         f"runtimes: {', '.join(docker['runtimes']) or 'default'}"),
+        ("container toolkit", _maybe(facts.get("container_toolkit"), "not installed")),
+        ("fabric manager", "not installed" if fm is None else
+         f"{_maybe(fm['version'])} ({'active' if fm['active'] else 'inactive'})"),
+        ("reboot required", _maybe(facts.get("reboot_required"))),
+    ]
+
+
+def facts_table(outcomes) -> None:
+    """One table per host; failed hosts print their error."""
+    from rich.table import Table
+
+    out = console()
+    for outcome in outcomes:
+        if not outcome.ok:
+            out.print(f"[bold red]{outcome.host.name}: FAILED[/]\n{outcome.error}\n")
+            continue
+        table = Table(title=f"{outcome.host.name} ({outcome.host.address}:{outcome.host.port})",
+                      show_header=False, title_justify="left")
+        table.add_column("fact", style="bold")
+        table.add_column("value")
+        for key, value in facts_rows(outcome.value):
+            table.add_row(key, value)
+        out.print(table)
+    failed = sum(1 for o in outcomes if not o.ok)
+    print(f"{len(outcomes) - failed} hosts answered, {failed} failed", file=sys.stderr)
+
+
+def write_json_report(folder, kind: str, payload: dict):
+    """Write reports/<kind>-<UTC timestamp>.json (and <kind>-latest.json); return the path."""
+    import json
+    from datetime import UTC, datetime
+    from pathlib import Path
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = folder / f"{kind}-{stamp}.json"
+    text = json.dumps(payload, indent=2, sort_keys=True, default=str)
+    path.write_text(text)
+    (folder / f"{kind}-latest.json").write_text(text)
+    return path
+
+
+def summary_table(title: str, rows: list[dict], columns: list[str]) -> None:
+    """A rich table of dict rows."""
+    from rich.table import Table
+
+    styles = {"failed": "bold red", "changed": "yellow", "planned": "cyan", "unchanged": "green",
+              "fail": "bold red", "warn": "yellow", "pass": "green", "required": "bold yellow"}
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        cells = []
+        for column in columns:
+            value = str(row.get(column, ""))
+            style = styles.get(value)
+            cells.append(f"[{style}]{value}[/]" if style else value)
+        table.add_row(*cells)
+    console().print(table)

@@ -1,0 +1,1 @@
+"""The software stack: compatibility data, the resolver, the independent rule checker, lock files, host checks."""

@@ -1,0 +1,102 @@
+"""`invoke inventory.check` and `invoke inventory.show`: validate an inventory, show one host."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from invoke import task
+from invoke.exceptions import Exit
+
+from gpuprov.config import path_setting
+from gpuprov.tasks._common import HOST_HELP, exits_cleanly
+
+
+def _inventory_path(c, inventory: str | None):
+    return inventory or path_setting(c, "inventory")
+
+
+@task(help={"inventory": HOST_HELP["inventory"]})
+@exits_cleanly
+def check(c, inventory=None):
+    """Validate an inventory: print every error as FILE:LINE:COL: key: message (exit 2 on any)."""
+    from gpuprov.inventory import InventoryError, load_inventory
+
+    path = _inventory_path(c, inventory)
+    try:
+        inv = load_inventory(path)
+    except InventoryError as exc:
+        for line in exc.errors:
+            print(line, file=sys.stderr)
+        print(f"{len(exc.errors)} error{'s' if len(exc.errors) != 1 else ''} in {path}", file=sys.stderr)
+        raise Exit(code=2) from None
+    for warning in inv.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    hosts, groups = len(inv.hosts), len(inv.groups)
+    print(f"{path}: ok ({inv.format} format): {hosts} host{'s' if hosts != 1 else ''}, "
+          f"{groups} group{'s' if groups != 1 else ''}")
+    print(f"hosts: {', '.join(inv.hosts)}")
+    if inv.groups:
+        print(f"groups: {', '.join(inv.groups)}")
+
+
+@task(help={"host": "host name from the inventory", "inventory": HOST_HELP["inventory"],
+            "json": "print the host as JSON"})
+@exits_cleanly
+def show(c, host, inventory=None, json_=False):
+    """Show one host: connection settings and merged variables, with where each came from."""
+    from gpuprov.inventory import load_inventory
+
+    inv = load_inventory(_inventory_path(c, inventory))
+    entry = inv.host(host)
+    data = entry.to_dict()
+    jump = inv.jump_host(entry)
+    data["jump_via"] = None if jump is None else {"name": jump.name, "address": jump.address,
+                                                  "port": jump.port, "user": jump.user}
+    data["inventory"] = str(inv.path)
+    if json_:
+        print(json.dumps(data, indent=2, sort_keys=True, default=str))
+        return
+    _print_host(data)
+
+
+def _print_host(data: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    def cell(value) -> Text:
+        return Text(value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str))
+
+    setting_sources = data["setting_sources"]
+    connection = Table(title=f"{data['name']} ({data['inventory']})", title_justify="left")
+    for column in ("setting", "value", "from"):
+        connection.add_column(column, overflow="fold")
+    for key in ("address", "port", "user", "identity_file", "jump"):
+        value = data[key]
+        if key == "jump" and data["jump_via"] and data["jump_via"]["name"] != value:
+            via = data["jump_via"]
+            value = f"{value} ({via['user']}@{via['address']}:{via['port']})"
+        source = setting_sources.get(key, "built-in")
+        connection.add_row(key, cell("-" if value is None else value), cell(source))
+    sudo = data["sudo"]
+    if data["user"] == "root":
+        sudo_text = "not needed (root)"
+    elif sudo["nopasswd"]:
+        sudo_text = "passwordless"
+    elif sudo["password_env"]:
+        sudo_text = f"password from ${sudo['password_env']}"
+    else:
+        sudo_text = "not set"
+    connection.add_row("sudo", cell(sudo_text), cell(setting_sources.get("sudo", "built-in")))
+    connection.add_row("groups", cell(", ".join(data["groups"]) or "-"), cell(""))
+
+    variables = Table(title="variables", title_justify="left")
+    for column in ("variable", "value", "from"):
+        variables.add_column(column, overflow="fold")
+    for key, value in data["vars"].items():
+        variables.add_row(cell(key), cell(value), cell(data["sources"][key]))
+
+    console = Console(soft_wrap=False)
+    console.print(connection)
+    console.print(variables)

@@ -1,0 +1,61 @@
+"""`invoke lab.up / lab.status / lab.down`: the local lab of SSH hosts that stand in for GPU servers."""
+
+from __future__ import annotations
+
+from invoke import task
+
+from gpuprov.tasks._common import exits_cleanly, split_names
+
+
+def _printer():
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    return lambda line: console.print(line, markup=False, soft_wrap=True)
+
+
+@task(iterable=["profile"], help={
+    "hosts": "number of hosts (containers gpuprov-lab-01 ...), default 3",
+    "profile": "hardware profile(s), repeat or give a comma list; cycled over the hosts "
+               "(default: a mix of hgx-h100, l40s, a100-pcie, rtx-4090, h200)",
+})
+@exits_cleanly
+def up(c, hosts=3, profile=None):
+    """Start the lab (Docker engine, images, hosts) and write inventories/lab.yaml."""
+    import gpuprov.lab
+
+    state = gpuprov.lab.up(int(hosts), split_names(profile) or None, progress=_printer())
+    _table(state.hosts)
+    print(f"inventory: {state.inventory}\nknown_hosts: {state.known_hosts}\nkey: {state.key}")
+
+
+@task
+@exits_cleanly
+def status(c):
+    """Show the lab hosts: name, profile, state, ssh port, internal IP."""
+    import gpuprov.lab
+
+    hosts = gpuprov.lab.status()
+    if not hosts:
+        print("no lab hosts (start them with `invoke lab.up`)")
+        return
+    _table(hosts)
+
+
+@task(help={"images": "also remove the images the lab built (they are kept as a cache otherwise)"})
+@exits_cleanly
+def down(c, images=False):
+    """Remove the lab's containers, network, inventory and known_hosts; nothing else on the engine."""
+    import gpuprov.lab
+
+    gpuprov.lab.down(images=images, progress=_printer())
+
+
+def _table(hosts) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("host", "profile", "state", "ssh", "internal IP")
+    for host in hosts:
+        table.add_row(host.name, host.profile, host.state, f"127.0.0.1:{host.port}", host.internal_ip or "-")
+    Console().print(table)

@@ -1,0 +1,156 @@
+"""`invoke provision` and `invoke preflight`: plan and apply a matching GPU stack over SSH."""
+
+from __future__ import annotations
+
+from invoke import task
+from invoke.exceptions import Exit
+
+from gpuprov.tasks._common import HOST_HELP, exits_cleanly, run_settings, select_hosts
+
+RUN_HELP = {
+    **HOST_HELP,
+    "parallel": "hosts worked on at once (default: gpuprov.parallel)",
+    "max_fail": "stop starting new hosts after this many failures: a count (3) or a share (10%)",
+    "trust_new_hosts": "record unknown host keys (trust on first use)",
+}
+
+
+def _exit_code(outcomes) -> int:
+    from gpuprov.errors import InputError
+
+    failed = [o for o in outcomes if not o.ok]
+    if not failed:
+        return 0
+    return 2 if all(isinstance(o.error, InputError) for o in failed) else 1
+
+
+@task(iterable=["host", "group"], help={
+    **RUN_HELP,
+    "dry_run": "show the plan and change nothing",
+    "reboot": "never | if-needed (default) | always",
+    "only": "comma list of components: " + "sources,kernel,driver,cuda,nccl,container_toolkit,fabricmanager,dcgm,pins",
+    "skip_preflight": "provision even when a preflight check fails",
+    "update_lock": "move the lock file to the newly resolved stack",
+    "json": "print the run report as JSON on stdout",
+})
+@exits_cleanly
+def provision(c, host=None, group=None, all=False, inventory=None, dry_run=False, parallel=None, max_fail=None,
+              reboot="if-needed", only=None, skip_preflight=False, update_lock=False, trust_new_hosts=False,
+              json_=False):
+    """Plan and apply the resolved driver/CUDA/NCCL/toolkit/fabric manager/DCGM stack on hosts."""
+    import json
+
+    from gpuprov.config import path_setting
+    from gpuprov.errors import InputError
+    from gpuprov.executor import run_on_hosts
+    from gpuprov.ops import COMPONENTS
+    from gpuprov.provision import REBOOT_POLICIES, Options, provision_host
+    from gpuprov.report import progress_printer, summary_table, write_json_report
+
+    if reboot not in REBOOT_POLICIES:
+        raise InputError(f"--reboot must be one of {', '.join(REBOOT_POLICIES)}, got {reboot!r}")
+    components = frozenset(name.strip() for name in only.split(",")) if only else None
+    if components and not components <= set(COMPONENTS):
+        raise InputError(f"unknown component(s) {', '.join(sorted(components - set(COMPONENTS)))}; "
+                         f"known: {', '.join(COMPONENTS)}")
+    inv, hosts = select_hosts(c, host, group, all, inventory)
+    settings = run_settings(c, inv, trust_new_hosts=trust_new_hosts, parallel=parallel, max_fail=max_fail)
+    options = Options(dry_run=dry_run, reboot=reboot, only=components, skip_preflight=skip_preflight,
+                      update_lock=update_lock, locks_dir=path_setting(c, "locks"))
+    printer = progress_printer(quiet=json_)
+    outcomes = run_on_hosts(
+        hosts, lambda conn: provision_host(conn, conn.host, inv.path.parent, options), settings,
+        jump_of=inv.jump_host, on_event=printer)
+    runs = [o.value.to_dict() if o.ok else _failed_run(o) for o in outcomes]
+    report = write_json_report(path_setting(c, "reports"), "provision",
+                               {"dry_run": dry_run, "reboot_policy": reboot, "hosts": runs})
+    if json_:
+        print(json.dumps({"report": str(report), "hosts": runs}, indent=2, default=str))
+    else:
+        _print_plans(runs, dry_run)
+        summary_table("provision" + (" (dry run)" if dry_run else ""), [_summary_row(r) for r in runs],
+                      ["host", "status", "changes", "reboot", "stack", "detail"])
+        print(f"report: {report}")
+    code = _exit_code(outcomes)
+    if code:
+        raise Exit(code=code)
+
+
+def _failed_run(outcome) -> dict:
+    run = getattr(outcome.error, "run", None)
+    data = run.to_dict() if run is not None else {"host": outcome.host.name}
+    data.update(status="failed" if not outcome.skipped else "skipped", error=outcome.error.to_dict())
+    return data
+
+
+def _summary_row(run: dict) -> dict:
+    stack = run.get("stack") or {}
+    driver = (stack.get("driver") or {}).get("version", "")
+    cuda = (stack.get("cuda") or {}).get("version", "")
+    changes = len((run.get("plan") or {}).get("changes", []))
+    detail = ""
+    if run.get("error"):
+        detail = run["error"]["error"].splitlines()[0][:100]
+    elif run.get("mismatches"):
+        detail = "; ".join(m["what"] for m in run["mismatches"])[:100]
+    return {"host": run["host"], "status": run["status"], "changes": changes, "reboot": run.get("reboot", ""),
+            "stack": f"driver {driver} / CUDA {cuda}" if driver else "", "detail": detail}
+
+
+def _print_plans(runs: list[dict], dry_run: bool) -> None:
+    from gpuprov.report import console
+
+    out = console()
+    for run in runs:
+        changes = (run.get("plan") or {}).get("changes", [])
+        if run.get("error"):
+            out.print(f"[bold red]{run['host']}: FAILED[/] {run['error']['error']}")
+            for key in ("step", "command", "hint"):
+                if run["error"].get(key):
+                    out.print(f"  {key}: {run['error'][key]}", markup=False)
+        if not changes or not dry_run:
+            continue
+        out.print(f"[bold]{run['host']}[/]: {len(changes)} changes")
+        for change in changes:
+            out.print(f"  [cyan]{change['component']:>17}[/] {change['summary']}"
+                      + (" [yellow](reboot)[/]" if change["reboot"] else ""))
+            if change.get("diff"):
+                out.print("    " + change["diff"].rstrip().replace("\n", "\n    "), markup=False)
+
+
+@task(iterable=["host", "group"], help={**{k: v for k, v in RUN_HELP.items() if k != "max_fail"},
+                                        "json": "print the checks as JSON"})
+@exits_cleanly
+def preflight(c, host=None, group=None, all=False, inventory=None, parallel=None, trust_new_hosts=False,
+              json_=False):
+    """Read-only checks that must pass before provisioning (Secure Boot, nouveau, headers, locks, disk, sources)."""
+    import json
+
+    from gpuprov.executor import run_on_hosts
+    from gpuprov.facts.gather import gather
+    from gpuprov.plan import repo_spec
+    from gpuprov.preflight import run_preflight
+    from gpuprov.report import progress_printer, summary_table
+
+    inv, hosts = select_hosts(c, host, group, all, inventory)
+    settings = run_settings(c, inv, trust_new_hosts=trust_new_hosts, parallel=parallel)
+
+    def work(conn):
+        facts = gather(conn)
+        return run_preflight(conn, facts, repo_spec(conn.host, facts, inv.path.parent), None)
+
+    outcomes = run_on_hosts(hosts, work, settings, jump_of=inv.jump_host, on_event=progress_printer(quiet=json_))
+    rows = []
+    for outcome in outcomes:
+        if not outcome.ok:
+            rows.append({"host": outcome.host.name, "check": "connect", "status": "fail",
+                         "detail": str(outcome.error).splitlines()[0], "remedy": outcome.error.hint or ""})
+            continue
+        rows += [{"host": outcome.host.name, "check": c.name, "status": c.status, "detail": c.detail,
+                  "remedy": c.remedy} for c in outcome.value]
+    if json_:
+        print(json.dumps(rows, indent=2))
+    else:
+        summary_table("preflight", rows, ["host", "check", "status", "detail", "remedy"])
+    if any(row["status"] == "fail" for row in rows):
+        raise Exit(code=1)

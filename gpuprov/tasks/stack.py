@@ -1,0 +1,218 @@
+"""Stack tasks: resolve a matching driver/CUDA/NCCL/... stack, show the tables, write lock files, check hosts."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from invoke import task
+from invoke.exceptions import Exit
+
+from gpuprov.config import path_setting
+from gpuprov.errors import InputError
+from gpuprov.tasks._common import HOST_HELP, exits_cleanly, gather_all, select_hosts
+
+_RESOLVE_HELP = {
+    "gpu": "GPU model: catalog name, alias or nvidia-smi name (e.g. H100-SXM)",
+    "os": "ubuntu-22.04, ubuntu-24.04, debian-12, rhel-9 or rocky-9",
+    "gpus": "number of GPUs (default 1)",
+    "nvswitch": "the GPUs sit on an NVSwitch baseboard (adds fabric manager)",
+    "cuda": "pin a CUDA release (12.8) or update (12.8.1)",
+    "driver": "pin a driver branch (570) or version (570.148.08)",
+    "pytorch": "pin a PyTorch release (2.7)",
+    "ngc": "pin an NGC PyTorch tag (25.04)",
+    "nccl": "pin an NCCL release (2.26 or 2.26.5)",
+    "forward_compat": "allow CUDA forward compatibility (data center GPUs only)",
+    "json": "print exactly one JSON object",
+}
+
+
+@task(help=_RESOLVE_HELP)
+def resolve(c, gpu, os, gpus=1, nvswitch=False, cuda=None, driver=None, pytorch=None, ngc=None, nccl=None,
+            forward_compat=False, json_=False):
+    """Resolve the newest stack that satisfies NVIDIA's compatibility rules for a GPU and OS."""
+    from gpuprov.errors import GpuprovError
+    from gpuprov.stack.resolve import StackConflict
+    from gpuprov.stack.resolve import resolve as do_resolve
+
+    try:
+        stack = do_resolve(gpu, os, gpus=int(gpus), nvswitch=nvswitch, cuda=cuda, driver=driver,
+                           pytorch=pytorch, ngc=ngc, nccl=nccl, forward_compat=forward_compat)
+    except StackConflict as exc:
+        if json_:
+            print(json.dumps(exc.to_dict()))
+        else:
+            print(f"error: {exc}", file=sys.stderr)
+        raise Exit(code=exc.exit_code) from None
+    except GpuprovError as exc:
+        if json_:
+            print(json.dumps({"error": exc.message, "conflicts": []}))
+        else:
+            print(f"error: {exc}", file=sys.stderr)
+        raise Exit(code=exc.exit_code) from None
+    if json_:
+        print(json.dumps(stack.to_dict()))
+        return
+    _print_stack(stack.to_dict())
+
+
+def _print_stack(data: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    gpu = data["gpu"]
+    table = Table(title=f"{gpu['model']} ({gpu['arch']}, sm_{gpu['compute_capability'].replace('.', '')}) "
+                        f"on {data['os']}")
+    for column in ("component", "version", "packages"):
+        table.add_column(column)
+    driver = data["driver"]
+    rows = [("driver", f"{driver['version']} (R{driver['branch']}, {driver['kernel_modules']} modules)", driver),
+            ("cuda", data["cuda"]["version"] + (" + forward compat" if data["forward_compat"] else ""), data["cuda"]),
+            ("nccl", data["nccl"]["version"], data["nccl"]),
+            ("container toolkit", data["container_toolkit"]["version"], data["container_toolkit"]),
+            ("fabric manager", data["fabricmanager"]["version"] if data["fabricmanager"] else "-",
+             data["fabricmanager"]),
+            ("dcgm", data["dcgm"]["version"], data["dcgm"])]
+    for name, version, part in rows:
+        pkgs = "\n".join(f"{p['name']}={p['version']}" for p in (part or {}).get("packages", []))
+        table.add_row(name, version, pkgs)
+    table.add_row("ngc pytorch", f"nvcr.io/nvidia/pytorch:{data['ngc_pytorch']}" if data["ngc_pytorch"] else "-", "")
+    torch = data["pytorch"]
+    table.add_row("pytorch wheel", f"torch {torch['version']} ({torch['wheel']})" if torch else "-",
+                  f"https://download.pytorch.org/whl/{torch['wheel']}" if torch else "")
+    Console().print(table)
+
+
+_COMPONENTS = ("gpus", "cuda", "forward_compat", "drivers", "nccl", "container_toolkit", "dcgm", "ngc_pytorch",
+               "pytorch_wheels")
+
+
+def _matrix_rows(component: str) -> tuple[list[str], list[list]]:
+    from gpuprov.stack.data import table
+
+    if component == "gpus":
+        rows = [[k, ", ".join(r["names"]), ", ".join(r.get("aliases", [])), ", ".join(r["pci_ids"]), r["arch"],
+                 r["compute_capability"], r["memory_gib"], "yes" if r["datacenter"] else "no", r["form_factor"],
+                 r["bf16_tflops"], r["mem_bw_gbs"]] for k, r in table("gpus")["models"].items()]
+        return ["model", "nvidia-smi name", "aliases", "pci ids", "arch", "cc", "GB", "dc", "form", "bf16 TF",
+                "GB/s"], rows
+    if component == "cuda":
+        return ["cuda", "update", "min driver"], [[m, u, d] for m, r in table("cuda")["releases"].items()
+                                                  for u, d in r["updates"].items()]
+    if component == "forward_compat":
+        return ["package", "driver branches"], [[f"cuda-compat-{m.replace('.', '-')}", ", ".join(b)]
+                                                for m, b in table("cuda")["forward_compat"].items()]
+    if component == "drivers":
+        return ["branch", "kind", "eol", "latest"], [[b, r["kind"], r["eol"], r["latest"]]
+                                                    for b, r in table("drivers")["branches"].items()]
+    if component == "nccl":
+        return ["nccl", "cuda builds"], [[v, ", ".join(b)] for v, b in table("nccl")["releases"].items()]
+    if component == "container_toolkit":
+        return ["version"], [[v] for v in table("container_toolkit")["releases"]]
+    if component == "dcgm":
+        rows = [[v, ", ".join(r["cuda_majors"])] for v, r in table("dcgm")["releases"].items()]
+        return ["version", "cuda majors"], rows
+    if component == "ngc_pytorch":
+        cols = ["cuda", "pytorch", "nccl", "cudnn", "ubuntu", "min_driver"]
+        return ["tag", *cols, "dc branches"], [[f"{t}-py3", *[r[c] for c in cols],
+                                                ", ".join(f"R{b} >= {v}" for b, v in r["dc_branches"].items())]
+                                               for t, r in table("ngc_pytorch")["tags"].items()]
+    return ["pytorch", "wheels"], [[v, ", ".join(w)] for v, w in table("pytorch_wheels")["releases"].items()]
+
+
+@task(help={"component": "one table: " + ", ".join(_COMPONENTS)})
+def matrix(c, component=None):
+    """Show the compatibility tables gpuprov resolves from."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if component and component not in _COMPONENTS:
+        print(f"error: unknown component {component!r}. Accepted: {', '.join(_COMPONENTS)}", file=sys.stderr)
+        raise Exit(code=2)
+    console = Console()
+    for name in [component] if component else _COMPONENTS:
+        columns, rows = _matrix_rows(name)
+        table = Table(title=name)
+        for column in columns:
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*("-" if v is None else str(v) for v in row))
+        console.print(table)
+
+
+@task(help={"host": HOST_HELP["host"], "group": HOST_HELP["group"], "inventory": HOST_HELP["inventory"],
+            "os": "OS key of the hosts (default: gathered from the hosts over SSH)"},
+      iterable=["host", "group"])
+@exits_cleanly
+def lock(c, host=None, group=None, inventory=None, os=None):
+    """Resolve from inventory vars (hardware/stack) and write locks/<group or host>.lock.yaml."""
+    from gpuprov.stack.lock import write_lock
+    from gpuprov.stack.resolve import check_os, resolve_for_host
+
+    names = group or host or []
+    if bool(host) == bool(group) or len(names) != 1:
+        raise InputError("give exactly one --group or one --host", step="stack.lock")
+    inv, hosts = select_hosts(c, host, group, False, inventory)
+    if not hosts:
+        raise InputError(f"no hosts in {names[0]}", step="stack.lock")
+    facts = {}
+    if os is None:
+        facts = gather_all(c, inv, hosts)
+    else:
+        check_os(os)
+    stacks = {}
+    for h in hosts:
+        host_facts = facts.get(h.name) if isinstance(facts.get(h.name), dict) and "os" in facts[h.name] else None
+        if os is None and host_facts is None:
+            raise InputError(f"no facts from {h.name}: {facts.get(h.name)}", host=h.name, step="stack.lock",
+                             hint="fix the connection, or give --os to lock from the inventory alone")
+        stacks[h.name] = resolve_for_host(h.vars, os, host_facts)
+    if len({json.dumps(s.to_dict(), sort_keys=True) for s in stacks.values()}) > 1:
+        raise InputError(f"hosts of {names[0]} resolve to different stacks ({', '.join(stacks)}); lock them "
+                         "per host or give them the same hardware/stack vars", step="stack.lock")
+    stack = next(iter(stacks.values()))
+    path = path_setting(c, "locks") / f"{names[0]}.lock.yaml"
+    write_lock(path, stack, stack.inputs)
+    print(f"wrote {path} (driver {stack.driver['version']}, CUDA {stack.cuda['version']}, "
+          f"NCCL {stack.nccl['version']})")
+
+
+@task(help={"host": HOST_HELP["host"], "inventory": HOST_HELP["inventory"], "json": "print JSON"},
+      iterable=["host"])
+@exits_cleanly
+def check(c, host=None, inventory=None, json_=False):
+    """Compare a host with its stack (lock file, else resolved) and print each mismatch with its remedy."""
+    from gpuprov.stack.check import check_host
+    from gpuprov.stack.lock import load_lock, lock_path_for
+    from gpuprov.stack.resolve import resolve_for_host
+
+    inv, hosts = select_hosts(c, host, None, False, inventory)
+    if not hosts:
+        raise InputError("no hosts selected: give --host NAME", step="stack.check")
+    gathered = gather_all(c, inv, hosts, quiet=json_)
+    report, failed = {}, False
+    for h in hosts:
+        name = h.name
+        facts = gathered.get(name)
+        if not isinstance(facts, dict) or "error" in facts and "os" not in facts:
+            report[name] = {"error": str(facts.get("error") if isinstance(facts, dict) else facts)}
+            failed = True
+            continue
+        lock_path = lock_path_for(h, path_setting(c, "locks"))
+        stack = (load_lock(lock_path)["stack"] if lock_path is not None
+                 else resolve_for_host(h.vars, None, facts).to_dict())
+        mismatches = check_host(facts, stack)
+        failed = failed or bool(mismatches)
+        report[name] = {"mismatches": [m.to_dict() for m in mismatches]}
+    if json_:
+        print(json.dumps(report))
+    else:
+        for name, result in report.items():
+            if "error" in result:
+                print(f"[{name}] facts failed: {result['error']}")
+            elif not result["mismatches"]:
+                print(f"[{name}] matches its stack")
+            for m in result.get("mismatches", []):
+                print(f"[{name}] {m['what']}: expected {m['expected']}, found {m['found']}\n    remedy: {m['remedy']}")
+    if failed:
+        raise Exit(code=1)

@@ -1,0 +1,58 @@
+"""GPU catalog: names, aliases, PCI ids (checked against real lspci / nvidia-smi captures)."""
+
+import pytest
+
+from gpuprov.catalog import by_pci_id, is_nvswitch, lookup, models
+from gpuprov.errors import InputError
+
+
+@pytest.mark.parametrize("name,key", [
+    ("NVIDIA H100 80GB HBM3", "H100-SXM"), ("h100", "H100-SXM"), ("H100-SXM", "H100-SXM"),
+    ("NVIDIA A100-SXM4-80GB", "A100-SXM4-80GB"), ("a100-80gb", "A100-SXM4-80GB"), ("Tesla T4", "T4"),
+    ("NVIDIA GeForce RTX 4090", "RTX-4090"), ("rtx-4090", "RTX-4090"), ("NVIDIA H200", "H200-SXM"),
+    ("NVIDIA L40S", "L40S"), ("NVIDIA A10", "A10"), ("b200", "B200"),
+])
+def test_lookup_by_name_alias_and_smi_name(name, key):
+    assert lookup(name).key == key
+
+
+@pytest.mark.parametrize("pci,key", [("20b2", "A100-SXM4-80GB"), ("2236", "A10"), ("2330", "H100-SXM"),
+                                     ("0x2335", "H200-SXM"), ("10de:2941", "GB200"), ("2684", "RTX-4090")])
+def test_by_pci_id(pci, key):
+    assert by_pci_id(pci).key == key
+
+
+def test_unknown_pci_id_is_none():
+    assert by_pci_id("ffff") is None
+
+
+def test_nvswitch_ids():
+    assert is_nvswitch("1af1") and is_nvswitch("22a3") and is_nvswitch("10de:1AF1")
+    assert not is_nvswitch("20b2")
+
+
+def test_unknown_name_suggests_and_lists():
+    with pytest.raises(InputError) as exc:
+        lookup("H1000")
+    assert "Did you mean" in str(exc.value) and "H100-SXM" in str(exc.value)
+    assert exc.value.exit_code == 2
+
+
+def test_fixture_ids_resolve():
+    """Device ids in the shared lspci captures map to catalog models or NVSwitches."""
+    for device in ("20b2", "2236", "2941"):
+        assert by_pci_id(device) is not None
+    assert is_nvswitch("1af1")
+
+
+def test_catalog_integrity():
+    seen = set()
+    for model in models().values():
+        assert model.arch and model.compute_capability.count(".") == 1
+        assert model.form_factor in ("sxm", "pcie")
+        assert model.mem_bw_gbs > 0 and model.memory_gib > 0
+        assert all(len(p) == 4 and p == p.lower() for p in model.pci_ids)
+        assert not seen & set(model.pci_ids)
+        seen |= set(model.pci_ids)
+        if model.bf16_tflops is not None:
+            assert model.bf16_tflops < 5000   # dense, never the sparse figure above B200's 2250

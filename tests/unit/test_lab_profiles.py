@@ -1,0 +1,70 @@
+"""Lab hardware profiles: loading, validation, assignment to hosts."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from gpuprov.errors import InputError
+from gpuprov.lab.profiles import assign_profiles, load_document, load_profiles, parse_profiles
+
+EXPECTED = {
+    "hgx-h100": ({"gpu": "H100-SXM", "count": 8, "nvswitch": True}, "2330", 4),
+    "h200": ({"gpu": "H200", "count": 8, "nvswitch": True}, "2335", 4),
+    "a100-pcie": ({"gpu": "A100-PCIE-80GB", "count": 2, "nvswitch": False}, "20b5", 0),
+    "l40s": ({"gpu": "L40S", "count": 4, "nvswitch": False}, "26b9", 0),
+    "rtx-4090": ({"gpu": "RTX-4090", "count": 2, "nvswitch": False}, "2684", 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_profile_hardware_and_devices(name):
+    hardware, device_id, switches = EXPECTED[name]
+    profile = load_profiles()[name]
+    assert profile.hardware == hardware
+    assert {d["device"] for d in profile.gpu_devices()} == {device_id}
+    assert sum(d["device"] == "22a3" for d in profile.devices) == switches
+    assert any(d["vendor"] != "10de" for d in profile.devices)
+
+
+def test_assign_cycles_the_given_profiles():
+    names = [p.name for p in assign_profiles(5, ["hgx-h100", "l40s"])]
+    assert names == ["hgx-h100", "l40s", "hgx-h100", "l40s", "hgx-h100"]
+
+
+def test_assign_defaults_to_the_mix():
+    names = [p.name for p in assign_profiles(5, None)]
+    assert set(names) == set(EXPECTED)
+
+
+def test_unknown_profile_is_bad_input():
+    with pytest.raises(InputError) as err:
+        assign_profiles(2, ["hgx-h100", "b300"])
+    assert err.value.exit_code == 2 and "b300" in str(err.value) and "hgx-h100" in str(err.value)
+
+
+def test_zero_hosts_is_bad_input():
+    with pytest.raises(InputError):
+        assign_profiles(0, None)
+
+
+def _doc():
+    return copy.deepcopy(load_document())
+
+
+@pytest.mark.parametrize("breakage, message", [
+    (lambda d: d["profiles"]["l40s"]["hardware"].update(count=3), "hardware.count"),
+    (lambda d: d["profiles"]["l40s"]["hardware"].pop("nvswitch"), "exactly gpu, count, nvswitch"),
+    (lambda d: d["profiles"]["hgx-h100"]["hardware"].update(nvswitch=False), "nvswitch"),
+    (lambda d: d["profiles"]["l40s"]["gpu"].update(device="26b"), "4 hex digits"),
+    (lambda d: d["profiles"]["l40s"]["gpu"]["slots"].__setitem__(0, "zz:00.0"), "bad PCI slot"),
+    (lambda d: d["profiles"]["l40s"]["gpu"]["slots"].__setitem__(1, "1b:00.0"), "used twice"),
+    (lambda d: d["profiles"]["l40s"]["gpu"].update({"class": "0999"}), "no name"),
+    (lambda d: d["default_mix"].append("nope"), "unknown profile"),
+])
+def test_broken_profiles_are_refused(breakage, message):
+    doc = _doc()
+    breakage(doc)
+    with pytest.raises(InputError, match=message):
+        parse_profiles(doc)

@@ -1,0 +1,205 @@
+"""Shared builders for the ops tests (facts in, commands out) and tests of the shared op machinery.
+
+Stacks are built by hand here: the ops tests do not depend on the resolver.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+
+import pytest
+
+from gpuprov.errors import GpuprovError, InputError
+from gpuprov.ops import COMPONENTS, MANAGED_FILES, OpContext, RepoSpec, plan_changes
+from gpuprov.ops import container_toolkit, kernel, pins, sources
+from gpuprov.ops.base import parse_versionlock, unified_diff, write_file
+from gpuprov.ops.pkg import for_family
+
+FPR = "EB693B3035CD5710E231E123A4B469963BF863CC"
+KERNEL = {"debian": "6.1.0-18-amd64", "rhel": "5.14.0-427.13.1.el9_4.x86_64"}
+CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n"
+
+
+def pkgs(*pairs: tuple[str, str]) -> list[dict]:
+    return [{"name": name, "version": version} for name, version in pairs]
+
+
+def make_stack(family: str = "debian", *, branch: str = "570", version: str = "570.148.08",
+               flavor: str = "open", nvswitch: bool = False, forward_compat: bool = False) -> dict:
+    """A resolved stack (Stack.to_dict() shape) for an H100 host."""
+    deb = family == "debian"
+    if deb:
+        meta = f"nvidia-open-{branch}" if flavor == "open" else f"cuda-drivers-{branch}"
+        driver = pkgs((meta, f"{version}-1ubuntu1"))
+        fm = pkgs((f"nvidia-fabricmanager-{branch}", f"{version}-1"))
+        nccl = pkgs(("libnccl2", "2.26.5-1+cuda12.9"), ("libnccl-dev", "2.26.5-1+cuda12.9"))
+        dcgm = pkgs(("datacenter-gpu-manager-4-core", "1:4.2.3-1"), ("datacenter-gpu-manager-4-cuda12", "1:4.2.3-1"))
+        compat = ("cuda-compat-12-8", "570.124.06-1ubuntu1")
+    else:
+        kmod = "kmod-nvidia-open-dkms" if flavor == "open" else "kmod-nvidia-latest-dkms"
+        driver = pkgs(("nvidia-driver", f"{version}-1.el9"), (kmod, f"{version}-1.el9"))
+        fm = pkgs(("nvidia-fabric-manager", f"{version}-1"))
+        nccl = pkgs(("libnccl", "2.26.5-1+cuda12.9"), ("libnccl-devel", "2.26.5-1+cuda12.9"))
+        dcgm = pkgs(("datacenter-gpu-manager-4-core", "4.2.3-1"), ("datacenter-gpu-manager-4-cuda12", "4.2.3-1"))
+        compat = ("cuda-compat-12-8", "570.124.06-1.el9")
+    cuda = pkgs(("cuda-toolkit-12-8", "12.8.1-1")) + (pkgs(compat) if forward_compat else [])
+    ctk = pkgs(*[(name, "1.17.8-1") for name in ("nvidia-container-toolkit", "nvidia-container-toolkit-base",
+                                                   "libnvidia-container-tools", "libnvidia-container1")])
+    return {
+        "gpu": {"model": "H100-SXM", "arch": "hopper", "compute_capability": "9.0", "datacenter": True},
+        "os": "debian-12" if deb else "rhel-9",
+        "driver": {"branch": branch, "version": version, "kernel_modules": flavor, "packages": driver},
+        "cuda": {"version": "12.8", "packages": cuda}, "forward_compat": forward_compat,
+        "nccl": {"version": "2.26.5", "packages": nccl},
+        "container_toolkit": {"version": "1.17.8", "packages": ctk},
+        "fabricmanager": {"version": version, "packages": fm} if nvswitch else None,
+        "dcgm": {"version": "4.2.3", "packages": dcgm},
+        "ngc_pytorch": None, "pytorch": None,
+    }
+
+
+def make_repo(**overrides) -> RepoSpec:
+    values = {"url": "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/",
+              "key_url": "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/3bf863cc.pub",
+              "key_data": None, "fingerprint": FPR, "proxy": None, "ca_pem": None}
+    values.update(overrides)
+    return RepoSpec(**values)
+
+
+def bare_facts(family: str = "debian") -> dict:
+    """A freshly installed host: no NVIDIA software, no managed files, no headers."""
+    return {
+        "host": "gpu01",
+        "os": {"id": "debian" if family == "debian" else "rhel", "family": family,
+               "key": "debian-12" if family == "debian" else "rhel-9"},
+        "kernel": KERNEL[family], "arch": "x86_64",
+        "loaded_driver_version": None, "packages": {}, "held": [],
+        "nouveau_loaded": True, "kernel_headers": False,
+        "docker": None, "services": {}, "files": dict.fromkeys(MANAGED_FILES),
+    }
+
+
+def all_packages(stack: dict) -> dict[str, str]:
+    return {p["name"]: p["version"] for section in pins.SECTIONS if stack.get(section)
+            for p in stack[section]["packages"]}
+
+
+def provisioned_facts(family: str, stack: dict, repo: RepoSpec) -> dict:
+    """A host gpuprov has provisioned and rebooted: what facts show after a complete run."""
+    facts = bare_facts(family)
+    installed = all_packages(stack)
+    facts.update(loaded_driver_version=stack["driver"]["version"], kernel_headers=True, nouveau_loaded=False,
+                 packages=dict(installed), held=sorted(installed) if family == "debian" else [])
+    up = {"exists": True, "enabled": True, "active": True}
+    facts["services"] = {"nvidia-dcgm": dict(up), "nvidia-persistenced": dict(up),
+                         "nvidia-fabricmanager": dict(up)}
+    files = facts["files"]
+    files[sources.KEY_STAMP] = FPR + "\n"
+    files[container_toolkit.DEV_CHAR_RULE] = container_toolkit.DEV_CHAR_CONTENT
+    files[container_toolkit.CDI_SPEC] = f"hostPath: /usr/lib/x86_64-linux-gnu/libcuda.so.{stack['driver']['version']}\n"
+    files[kernel.NOUVEAU_BLACKLIST] = kernel.BLACKLIST_CONTENT
+    if family == "debian":
+        files[sources.APT_KEYRING] = "\x99binary keyring"
+        files[sources.APT_LIST] = f"# {sources.HEADER}\ndeb [signed-by={sources.APT_KEYRING}] {repo.url} /\n"
+        files[pins.APT_PREFERENCES] = pins.preferences(pins.pinned_packages(ctx_for(facts, stack, repo)))
+        files[pins.UNATTENDED] = pins.unattended()
+    else:
+        files[sources.RPM_KEY] = "-----BEGIN PGP PUBLIC KEY BLOCK-----\n"
+        files[sources.DNF_REPO] = (
+            f"# {sources.HEADER}\n# module_hotfixes: exact versions install without enabling a module stream.\n"
+            f"[gpuprov-nvidia]\nname=NVIDIA CUDA repository (gpuprov)\nbaseurl={repo.url}\nenabled=1\n"
+            f"gpgcheck=1\ngpgkey=file://{sources.RPM_KEY}\nmodule_hotfixes=1\n")
+        files[pins.VERSIONLOCK_LIST] = "".join(f"{name}-0:{version}.*\n" for name, version in installed.items())
+    return facts
+
+
+def ctx_for(facts: dict, stack: dict | None = None, repo: RepoSpec | None = None, **kwargs) -> OpContext:
+    family = facts["os"]["family"]
+    return OpContext(host="gpu01", facts=facts, stack=stack or make_stack(family), repo=repo or make_repo(),
+                     **kwargs)
+
+
+def tokens(change_or_commands) -> list[list[str]]:
+    commands = getattr(change_or_commands, "commands", change_or_commands)
+    return [shlex.split(command) for command in commands]
+
+
+def all_commands(changes) -> list[str]:
+    return [command for change in changes for command in change.commands]
+
+
+# --- the shared machinery ---------------------------------------------------------------------------------
+
+def test_write_file_is_atomic_and_keeps_metacharacters_literal(tmp_path):
+    target = tmp_path / "etc" / "conf"
+    marker = tmp_path / "pwned"
+    content = f"a $(touch {marker}) `touch {marker}`;reboot 'quote' \"dq\" %s %d \\n back\\slash\n-dash\n"
+    subprocess.run(["sh", "-c", write_file(str(target), content, "0600")], check=True)
+    assert target.read_text() == content
+    assert not marker.exists()
+    assert oct(target.stat().st_mode & 0o777) == "0o600"
+    assert not (tmp_path / "etc" / "conf.gpuprov.tmp").exists()
+
+
+def test_unified_diff_names_created_and_removed_files():
+    assert unified_diff("/etc/x", None, "a\n").startswith("--- /dev/null\n+++ /etc/x\n")
+    assert "+++ /dev/null" in unified_diff("/etc/x", "a\n", None)
+    assert unified_diff("/etc/x", "a\n", "a\n") == ""
+
+
+def test_parse_versionlock_reads_epochs_and_wildcards_and_skips_exclusions():
+    text = "# comment\nnvidia-driver-3:570.148.08-1.el9.*\nlibnccl-0:2.26.5-1+cuda12.9.x86_64\n!cuda-compat-12-8-0:1-1.*\n"
+    assert parse_versionlock(text) == {"nvidia-driver": {"570.148.08-1.el9"}, "libnccl": {"2.26.5-1+cuda12.9"}}
+
+
+@pytest.mark.parametrize("family", ["debian", "rhel"])
+def test_second_run_changes_nothing(family):
+    repo = make_repo(proxy="http://proxy.internal:3128", ca_pem=CA_PEM)
+    for stack in (make_stack(family), make_stack(family, nvswitch=True, forward_compat=True)):
+        facts = provisioned_facts(family, stack, make_repo())
+        facts["files"][sources.DEB_CA if family == "debian" else sources.RHEL_CA] = CA_PEM
+        if family == "debian":
+            facts["files"][sources.APT_PROXY] = (f"// {sources.HEADER}\nAcquire::http::Proxy \"{repo.proxy}\";\n"
+                                                 f"Acquire::https::Proxy \"{repo.proxy}\";\n")
+        else:
+            facts["files"][sources.DNF_REPO] += f"proxy={repo.proxy}\n"
+        assert plan_changes(ctx_for(facts, stack, repo)) == []
+
+
+@pytest.mark.parametrize("family", ["debian", "rhel"])
+def test_bare_host_plan_covers_every_component_in_order_and_refreshes_the_index_once(family):
+    stack = make_stack(family, nvswitch=True)
+    changes = plan_changes(ctx_for(bare_facts(family), stack))
+    order = [c.component for c in changes]
+    assert sorted(set(order), key=order.index) == [c for c in COMPONENTS if c in order]
+    assert set(order) == set(COMPONENTS)
+    refresh = for_family(family).update()
+    assert all_commands(changes).count(refresh) == 1
+    assert any(c.reboot for c in changes if c.component == "driver")
+
+
+def test_plan_only_selects_components_and_still_refreshes_before_installing():
+    changes = plan_changes(ctx_for(bare_facts()), only={"nccl"})
+    assert [c.component for c in changes] == ["nccl"]
+    assert changes[0].commands[0] == for_family("debian").update()
+
+
+def test_plan_rejects_unknown_components():
+    with pytest.raises(InputError, match="unknown component"):
+        plan_changes(ctx_for(bare_facts()), only={"drivers"})
+
+
+def test_plan_refuses_unsupported_os_family():
+    facts = bare_facts()
+    facts["os"]["family"] = None
+    with pytest.raises(GpuprovError, match="unsupported operating system") as info:
+        plan_changes(ctx_for(facts, make_stack()))
+    assert info.value.host == "gpu01"
+
+
+def test_every_command_of_a_bare_plan_is_valid_shell():
+    for family in ("debian", "rhel"):
+        for change in plan_changes(ctx_for(bare_facts(family), make_stack(family, nvswitch=True))):
+            tokens(change)
+            assert change.summary and "\n" not in change.summary

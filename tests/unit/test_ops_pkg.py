@@ -1,0 +1,70 @@
+"""apt and dnf command generation: exact versions, lock timeouts, quoting."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpuprov.errors import InputError
+from gpuprov.ops.pkg import Package, for_family
+
+APT_COMMON = ["DEBIAN_FRONTEND=noninteractive", "-o", "DPkg::Lock::Timeout=120",
+              "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold"]
+
+
+def test_apt_install_pins_exact_versions_waits_for_the_lock_and_removes_in_one_transaction():
+    apt = for_family("debian", lock_timeout=120)
+    [command] = apt.install([Package("nvidia-open-570", "570.148.08-1ubuntu1")], remove=["cuda-drivers-535"])
+    words = shlex.split(command)
+    assert words[:2] == ["DEBIAN_FRONTEND=noninteractive", "apt-get"]
+    assert all(word in words for word in APT_COMMON)
+    assert words[-4:] == ["--no-install-recommends", "--allow-downgrades",
+                          "nvidia-open-570=570.148.08-1ubuntu1", "cuda-drivers-535-"]
+    assert "install" in words and "-y" in words
+
+
+def test_apt_hold_unhold_update_and_versions():
+    apt = for_family("debian")
+    assert shlex.split(apt.hold([Package("libnccl2", "2.26.5-1+cuda12.9")]))[-2:] == ["hold", "libnccl2"]
+    assert shlex.split(apt.unhold(["a", "b"]))[-3:] == ["unhold", "a", "b"]
+    assert "DPkg::Lock::Timeout=300" in apt.update() and apt.update().endswith("update")
+    assert apt.same_version("1:4.2.3-1", "1:4.2.3-1") and not apt.same_version("4.2.3-1", "1:4.2.3-1")
+    assert not apt.same_version(None, "1")
+
+
+def test_dnf_install_uses_exact_nevr_and_removes_first():
+    dnf = for_family("rhel")
+    commands = dnf.install([Package("nvidia-driver", "3:570.148.08-1.el9")], remove=["kmod-nvidia-latest-dkms"])
+    assert shlex.split(commands[0]) == ["dnf", "-y", "remove", "kmod-nvidia-latest-dkms"]
+    assert shlex.split(commands[1]) == ["dnf", "-y", "--setopt=install_weak_deps=False", "install",
+                                        "--allowerasing", "nvidia-driver-3:570.148.08-1.el9"]
+    assert shlex.split(dnf.hold([Package("libnccl", "2.26.5-1+cuda12.9")])) == [
+        "dnf", "-y", "versionlock", "add", "libnccl-2.26.5-1+cuda12.9"]
+    assert shlex.split(dnf.unhold(["libnccl"])) == ["dnf", "-y", "versionlock", "delete", "libnccl"]
+    assert dnf.same_version("3:570.148.08-1.el9", "570.148.08-1.el9")
+    assert not dnf.same_version("570.133.20-1.el9", "570.148.08-1.el9")
+
+
+@pytest.mark.parametrize("name,version", [("nvidia-open-570;reboot", "1"), ("libnccl2", "$(touch /tmp/x)"),
+                                          ("a b", "1"), ("-o", "1"), ("x", "")])
+def test_package_rejects_names_and_versions_that_are_not_package_strings(name, version):
+    with pytest.raises(InputError, match="not a valid package"):
+        Package(name, version)
+
+
+def test_unknown_family_is_bad_input():
+    with pytest.raises(InputError, match="no package manager"):
+        for_family("arch")
+
+
+@given(st.from_regex(r"[a-z0-9][a-z0-9+.-]{0,20}", fullmatch=True),
+       st.from_regex(r"[0-9][A-Za-z0-9.+~:_-]{0,20}", fullmatch=True))
+def test_every_package_spec_is_one_shell_word(name, version):
+    for family in ("debian", "rhel"):
+        pm = for_family(family)
+        pkg = Package(name, version)
+        words = shlex.split(pm.install([pkg])[-1])
+        assert words[-1] == pm.spec(pkg)

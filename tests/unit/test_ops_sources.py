@@ -1,0 +1,190 @@
+"""The repository op: pinned signing key, sources list / repo file, proxy, CA, quoting."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_ops_base import CA_PEM, FPR, bare_facts, ctx_for, make_repo, make_stack, provisioned_facts
+
+from gpuprov.errors import InputError
+from gpuprov.ops import sources
+from gpuprov.ops.pkg import for_family
+
+
+def plan(family="debian", facts=None, **repo):
+    facts = facts or bare_facts(family)
+    return list(sources.changes(ctx_for(facts, make_stack(family), make_repo(**repo))))
+
+
+def test_bare_debian_host_gets_key_list_and_one_index_refresh():
+    changes = plan()
+    assert [c.summary.split(" ")[0] for c in changes] == ["install", "create", "refresh"]
+    key, listing, refresh = changes
+    assert f"install repository signing key {FPR}" in key.summary
+    assert "gpg --batch --with-colons --show-keys" in key.commands[1]
+    assert f"install -m 0644 \"$d/out\" {sources.APT_KEYRING}" in key.commands[1]
+    assert "curl -fsSL" in key.commands[1] and make_repo().key_url in key.commands[1]
+    assert listing.diff.endswith(
+        f"+deb [signed-by={sources.APT_KEYRING}] {make_repo().url} /\n")
+    assert refresh.commands == (for_family("debian").update(),)
+    assert not any(c.reboot for c in changes)
+
+
+def test_proxy_and_ca_are_written_and_trusted_on_debian():
+    changes = plan(proxy="http://proxy.internal:3128", ca_pem=CA_PEM)
+    by_path = {c.summary.split(" ")[1]: c for c in changes if c.summary.startswith("create")}
+    proxy = by_path[sources.APT_PROXY]
+    assert 'Acquire::https::Proxy "http://proxy.internal:3128";' in proxy.diff
+    ca = by_path[sources.DEB_CA]
+    assert ca.commands[-1] == "update-ca-certificates"
+    assert "ca-certificates curl gnupg" in ca.commands[0]
+    key = next(c for c in changes if "signing key" in c.summary)
+    assert "--proxy http://proxy.internal:3128" in key.commands[1]
+
+
+def test_rhel_repo_file_checks_signatures_with_the_verified_key():
+    changes = plan("rhel", url="https://mirror.internal/rhel9/", proxy="http://p:3128", ca_pem=CA_PEM)
+    repo = next(c for c in changes if sources.DNF_REPO in c.summary)
+    for line in ("baseurl=https://mirror.internal/rhel9/", "gpgcheck=1",
+                 f"gpgkey=file://{sources.RPM_KEY}", "proxy=http://p:3128", "module_hotfixes=1"):
+        assert f"+{line}\n" in repo.diff
+    ca = next(c for c in changes if sources.RHEL_CA in c.summary)
+    assert ca.commands[-1] == "update-ca-trust"
+    key = next(c for c in changes if "signing key" in c.summary)
+    assert "--armor --export" in key.commands[1] and sources.RPM_KEY in key.commands[1]
+    assert changes[-1].commands == ("dnf -y makecache",)
+
+
+def test_in_state_sources_change_nothing_and_removed_proxy_is_removed():
+    facts = provisioned_facts("debian", make_stack(), make_repo())
+    assert plan(facts=facts) == []
+    facts["files"][sources.APT_PROXY] = "old proxy conf\n"
+    changes = plan(facts=facts)
+    assert changes[0].commands == (f"rm -f {sources.APT_PROXY}",)
+    assert changes[-1].summary.startswith("refresh")
+
+
+def test_changed_fingerprint_refetches_the_key():
+    facts = provisioned_facts("debian", make_stack(), make_repo())
+    other = "0" * 40
+    changes = plan(facts=facts, fingerprint=other)
+    assert other in changes[0].summary
+
+
+@pytest.mark.parametrize("evil", ["http://m/$(touch${IFS}/tmp/x)/", "http://m/;reboot;/", "http://m/`id`'\"/"])
+def test_metacharacters_in_mirror_and_proxy_stay_data(evil):
+    proxy = evil.replace('"', "")
+    changes = plan(url=evil, key_url=evil + "key.pub", proxy=proxy)
+    key = next(c for c in changes if "signing key" in c.summary)
+    words = shlex.split(key.commands[1])
+    assert evil + "key.pub" in words and proxy in words
+    for change in changes:
+        for command in change.commands:
+            for word in shlex.split(command):
+                if evil in word:
+                    # only ever inside a quoted data argument (file content or a URL word)
+                    assert word in (evil + "key.pub", proxy) or word.startswith(("# Managed", "// Managed"))
+
+
+def test_proxy_password_never_reaches_summary_or_diff():
+    changes = plan(proxy="http://user:s3cret@proxy:3128")
+    for change in changes:
+        assert "s3cret" not in change.summary and "s3cret" not in (change.diff or "")
+    assert any("user:***@proxy" in (c.diff or "") for c in changes)
+
+
+@pytest.mark.parametrize("repo,match", [
+    ({"fingerprint": None}, "not a 40-digit"),
+    ({"fingerprint": "ABCD"}, "not a 40-digit"),
+    ({"url": "http://m/ /\ndeb http://evil/ /"}, "without spaces"),
+    ({"url": "ftp://m/"}, "http"),
+    ({"proxy": 'http://p:3128";'}, "proxy"),
+    ({"key_url": None}, "no signing key"),
+    ({"key_url": "/local/key.asc"}, "no signing key"),
+    ({"ca_pem": "not a cert"}, "PEM"),
+])
+def test_bad_repository_input_is_rejected_before_any_command(repo, match):
+    with pytest.raises(InputError, match=match) as info:
+        plan(**repo)
+    assert info.value.exit_code == 2 and info.value.step == "sources"
+
+
+def test_fingerprint_with_spaces_and_lower_case_is_normalized():
+    spaced = " ".join(FPR[i:i + 4] for i in range(0, 40, 4)).lower()
+    assert FPR in plan(fingerprint=spaced)[0].summary
+
+
+@settings(max_examples=60)
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc", "Zs", "Zl", "Zp")), min_size=1))
+def test_any_url_path_is_quoted(path):
+    url = "https://m/" + path
+    for change in plan(url=url, key_url=url):
+        for command in change.commands:
+            shlex.split(command)
+    key = plan(url=url, key_url=url)[0]
+    assert url in shlex.split(key.commands[1])
+
+
+# --- the key check, run for real with gpg --------------------------------------------------------------
+
+def _make_key(home, uid):
+    subprocess.run(["gpg", "--batch", "--homedir", str(home), "--passphrase", "", "--quick-gen-key", uid,
+                    "ed25519", "sign", "never"], check=True, capture_output=True)
+    listing = subprocess.run(["gpg", "--homedir", str(home), "--with-colons", "--list-keys", uid],
+                             check=True, capture_output=True, text=True).stdout
+    fpr = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr"))
+    armored = subprocess.run(["gpg", "--homedir", str(home), "--armor", "--export", fpr],
+                             check=True, capture_output=True, text=True).stdout
+    return fpr, armored
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    if shutil.which("gpg") is None:
+        pytest.skip("gpg is not installed")
+    home = tmp_path_factory.mktemp("gnupg")
+    home.chmod(0o700)
+    return _make_key(home, "gpuprov test <a@example.org>"), _make_key(home, "attacker <b@example.org>")
+
+
+def _run_key(tmp_path, key_data, fpr, armored=False):
+    keyring, stamp = tmp_path / "keyrings" / "k.gpg", tmp_path / "stamp"
+    command = sources.key_command(None, key_data, fpr, str(keyring), armored, str(stamp))
+    result = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+    return result, keyring, stamp
+
+
+def test_key_with_the_pinned_fingerprint_is_installed(tmp_path, keys):
+    (fpr, armored), _ = keys
+    result, keyring, stamp = _run_key(tmp_path, armored, fpr)
+    assert result.returncode == 0, result.stderr
+    assert stamp.read_text() == fpr + "\n"
+    shown = subprocess.run(["gpg", "--with-colons", "--show-keys", str(keyring)], capture_output=True,
+                           text=True, env={"GNUPGHOME": str(tmp_path)}).stdout
+    assert fpr in shown and not keyring.read_bytes().startswith(b"-----BEGIN")
+
+
+def test_key_with_another_fingerprint_is_refused_loudly(tmp_path, keys):
+    (fpr, _), (_, attacker) = keys
+    result, keyring, stamp = _run_key(tmp_path, attacker, fpr)
+    assert result.returncode == 1
+    assert f"expected {fpr}; not trusting it" in result.stderr
+    assert not keyring.exists() and not stamp.exists()
+
+
+def test_key_file_smuggling_a_second_key_is_refused(tmp_path, keys):
+    (fpr, armored), (_, attacker) = keys
+    result, keyring, _ = _run_key(tmp_path, armored + attacker, fpr)
+    assert result.returncode == 1 and not keyring.exists()
+
+
+def test_armored_export_for_rpm(tmp_path, keys):
+    (fpr, armored), _ = keys
+    result, keyring, _ = _run_key(tmp_path, armored, fpr, armored=True)
+    assert result.returncode == 0, result.stderr
+    assert keyring.read_text().startswith("-----BEGIN PGP PUBLIC KEY BLOCK-----")
