@@ -46,18 +46,23 @@ def probe_command(facts: dict, repo) -> tuple[str, str | None]:
         f"if {lookup}; then echo headers=known; "
         f"elif [ {shlex.quote(family)} = debian ] && {fetch} {shlex.quote(base + '/Packages')} 2>/dev/null"
         f" | grep -qx {shlex.quote('Package: ' + headers)}; then echo headers=repo; else echo headers=missing; fi",
+        f"for f in $(grep -rlsF {shlex.quote(base)} /etc/apt/sources.list /etc/apt/sources.list.d /etc/yum.repos.d);"
+        " do case $f in *gpuprov-nvidia*) ;; *) echo \"duplicate=$f\";; esac; done",
     ])
     return f"sh -c {shlex.quote(script)}", repo.ca_pem or ""
 
 
 def parse_probe(output: str) -> dict[str, str]:
-    return dict(re.findall(r"^(source|headers)=(\S*)$", output, re.M))
+    found: dict[str, str] = {}
+    for key, value in re.findall(r"^(source|headers|duplicate)=(\S*)$", output, re.M):
+        found[key] = f"{found[key]} {value}" if key in found else value
+    return found
 
 
 def evaluate(facts: dict, probe: dict[str, str], repo, stack: dict | None) -> list[Check]:
     """All preflight checks for one host."""
     checks = [_os(facts), _secure_boot(facts, stack), _nouveau(facts), _headers(facts, probe),
-              _package_manager(facts), _cloud_init(facts), _source(probe, repo)]
+              _package_manager(facts), _cloud_init(facts), _source(probe, repo), _duplicate_source(probe)]
     checks += _disk(facts)
     return checks
 
@@ -129,6 +134,14 @@ def _source(probe: dict[str, str], repo) -> Check:
         return Check("package_source", "pass", f"{repo.url} answered {code}{via}")
     return Check("package_source", "fail", f"{repo.url} unreachable from the host{via} (HTTP {code or 'none'})",
                  "check the mirror URL, the proxy and the CA in the inventory's mirror settings")
+
+
+def _duplicate_source(probe: dict[str, str]) -> Check:
+    if probe.get("duplicate"):
+        return Check("duplicate_source", "fail", f"the package source is already configured in {probe['duplicate']}; "
+                     "apt refuses two entries with different signed-by keys",
+                     "remove that file (for example the one the cuda-keyring package wrote), then rerun")
+    return Check("duplicate_source", "pass", "no other entry for the package source")
 
 
 def _disk(facts: dict) -> list[Check]:

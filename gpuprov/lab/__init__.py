@@ -130,5 +130,6 @@ def down(*, images: bool = False, paths: LabPaths | None = None, progress: Progr
         if images:
             remove_images(client, progress)
     else:
+        progress("engine: no Docker engine answers; removing the lab's files only")
         for path in (paths.inventory, paths.known_hosts):
             path.unlink(missing_ok=True)

@@ -91,9 +91,14 @@ def ensure_engine(progress: Callable[[str], None] = print):
     if not (_is_debian() and os.geteuid() == 0):
         raise GpuprovError("no Docker engine answers and this is not Debian as root, so the lab will not "
                            "install one", step="lab engine",
-                           hint="run: sudo apt-get install -y docker.io debootstrap && sudo dockerd & "
-                                "(or start your Docker engine), then rerun `invoke lab.up`")
+                           hint="start a Docker engine (`sudo systemctl start docker`; on Debian: "
+                                "`sudo apt-get install -y docker.io debootstrap && "
+                                "sudo setsid dockerd >/var/log/dockerd.log 2>&1 &`), then rerun "
+                                "`invoke lab.up`")
     install_tools(progress)
+    client = _client()
+    if client is not None:
+        return client
     _start_dockerd(progress)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import socket
 import tarfile
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from gpuprov.errors import GpuprovError, InputError
 from gpuprov.lab.keys import ensure_keypair, render_known_hosts
@@ -160,6 +161,7 @@ def write_files(hosts: list[LabHost], paths: LabPaths) -> None:
 def reconcile(client, profiles: list[Profile], image: str, paths: LabPaths,
               progress: Callable[[str], None] = print) -> list[LabHost]:
     """Make the lab exactly len(profiles) running, ready hosts; keep those that already match."""
+    progress = _serialised(progress)
     wanted = {host_name(i + 1): (i + 1, p) for i, p in enumerate(profiles)}
     for name in wanted:
         for other in client.containers.list(all=True, filters={"name": f"^/{name}$"}):
@@ -228,12 +230,15 @@ def remove_lab(client, paths: LabPaths, progress: Callable[[str], None] = print)
         progress(f"network {network.name}: removed")
     for path in (paths.inventory, paths.known_hosts):
         path.unlink(missing_ok=True)
-    _remove_tree(paths.host_keys)
+    shutil.rmtree(paths.host_keys, ignore_errors=True)
 
 
-def _remove_tree(path: Path) -> None:
-    if not path.exists():
-        return
-    for child in sorted(path.rglob("*"), key=lambda p: len(p.parts), reverse=True):
-        child.rmdir() if child.is_dir() else child.unlink()
-    path.rmdir()
+def _serialised(progress: Callable[[str], None]) -> Callable[[str], None]:
+    """`progress` made safe to call from the worker threads (one whole line at a time)."""
+    lock = threading.Lock()
+
+    def emit(line: str) -> None:
+        with lock:
+            progress(line)
+
+    return emit

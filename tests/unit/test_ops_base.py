@@ -11,8 +11,17 @@ import subprocess
 import pytest
 
 from gpuprov.errors import GpuprovError, InputError
-from gpuprov.ops import COMPONENTS, MANAGED_FILES, OpContext, RepoSpec, plan_changes
-from gpuprov.ops import container_toolkit, kernel, pins, sources
+from gpuprov.ops import (
+    COMPONENTS,
+    MANAGED_FILES,
+    OpContext,
+    RepoSpec,
+    container_toolkit,
+    kernel,
+    pins,
+    plan_changes,
+    sources,
+)
 from gpuprov.ops.base import parse_versionlock, unified_diff, write_file
 from gpuprov.ops.pkg import for_family
 
@@ -149,7 +158,8 @@ def test_unified_diff_names_created_and_removed_files():
 
 
 def test_parse_versionlock_reads_epochs_and_wildcards_and_skips_exclusions():
-    text = "# comment\nnvidia-driver-3:570.148.08-1.el9.*\nlibnccl-0:2.26.5-1+cuda12.9.x86_64\n!cuda-compat-12-8-0:1-1.*\n"
+    text = ("# comment\nnvidia-driver-3:570.148.08-1.el9.*\nlibnccl-0:2.26.5-1+cuda12.9.x86_64\n"
+            "!cuda-compat-12-8-0:1-1.*\n")
     assert parse_versionlock(text) == {"nvidia-driver": {"570.148.08-1.el9"}, "libnccl": {"2.26.5-1+cuda12.9"}}
 
 
