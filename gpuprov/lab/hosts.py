@@ -15,7 +15,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 from gpuprov.errors import GpuprovError, InputError
 from gpuprov.lab.keys import ensure_keypair, render_known_hosts
-from gpuprov.lab.labels import HOST_PREFIX, LABEL, LABEL_FILTER, LABELS, NETWORK, PROFILE_LABEL
+from gpuprov.lab.labels import (
+    HOST_PREFIX,
+    HOST_ROLE,
+    LABEL,
+    LABEL_FILTER,
+    LABELS,
+    NETWORK,
+    PROFILE_LABEL,
+    ROLE_LABEL,
+)
 from gpuprov.lab.profiles import Profile
 from gpuprov.lab.state import LabHost, LabPaths, render_inventory
 
@@ -41,10 +50,10 @@ def host_port(index: int) -> int:
     return PORT_BASE + index
 
 
-def lab_containers(client, all_states: bool = True) -> list:
-    """The lab's containers (by label), in name order."""
-    found = client.containers.list(all=all_states, filters={"label": LABEL_FILTER})
-    return sorted((c for c in found if c.name.startswith(HOST_PREFIX)), key=lambda c: c.name)
+def lab_containers(client) -> list:
+    """The lab's host containers (by label and role), running or not, in name order."""
+    found = client.containers.list(all=True, filters={"label": [LABEL_FILTER, f"{ROLE_LABEL}={HOST_ROLE}"]})
+    return sorted(found, key=lambda c: (len(c.name), c.name))
 
 
 def ensure_network(client, progress: Callable[[str], None] = print):
@@ -99,7 +108,7 @@ def create_host(client, index: int, profile: Profile, image: str, paths: LabPath
         raise GpuprovError(f"port 127.0.0.1:{port} is in use", host=name, step="lab host create",
                            hint="free it, or set GPUPROV_LAB_SSH_PORT_BASE to another port range")
     key, pub = host_key_pair(paths, name)
-    labels = {**LABELS, PROFILE_LABEL: profile.name, PORT_LABEL: str(port),
+    labels = {**LABELS, ROLE_LABEL: HOST_ROLE, PROFILE_LABEL: profile.name, PORT_LABEL: str(port),
               HARDWARE_LABEL: json.dumps(profile.hardware)}
     container = client.containers.create(
         image, name=name, hostname=name, detach=True, labels=labels, network="bridge",
@@ -174,7 +183,8 @@ def reconcile(client, profiles: list[Profile], image: str, paths: LabPaths,
         spec = wanted.get(container.name)
         matches = (spec is not None and container.labels.get(PROFILE_LABEL) == spec[1].name
                    and container.image.tags and image in container.image.tags
-                   and container.labels.get(PORT_LABEL) == str(host_port(spec[0])))
+                   and container.labels.get(PORT_LABEL) == str(host_port(spec[0]))
+                   and (paths.host_keys / container.name / "ssh_host_ed25519_key.pub").exists())
         if matches:
             keep.append(container.name)
             if container.status != "running":
@@ -203,7 +213,7 @@ def reconcile(client, profiles: list[Profile], image: str, paths: LabPaths,
         return host_from_container(container)
 
     with ThreadPoolExecutor(max_workers=16) as pool:
-        hosts = list(pool.map(ready, sorted(wanted)))
+        hosts = list(pool.map(ready, wanted))
     write_files(hosts, paths)
     return hosts
 
@@ -215,14 +225,15 @@ def find_host(client, name: str):
         container = client.containers.get(name)
     except docker.errors.NotFound:
         container = None
-    if container is None or container.labels.get(LABEL) != "1":
+    if container is None or container.labels.get(LABEL) != "1" or container.labels.get(ROLE_LABEL) != HOST_ROLE:
         raise InputError(f"no lab host named {name}", step="lab", hint="see `invoke lab.status`")
     return container
 
 
 def remove_lab(client, paths: LabPaths, progress: Callable[[str], None] = print) -> None:
-    """Remove the labelled containers and networks and the lab's files; nothing else."""
-    for container in lab_containers(client):
+    """Remove every labelled container (hosts and lab services) and network, and the lab's files;
+    nothing else."""
+    for container in client.containers.list(all=True, filters={"label": LABEL_FILTER}):
         container.remove(force=True, v=True)
         progress(f"host {container.name}: removed")
     for network in client.networks.list(filters={"label": LABEL_FILTER}):

@@ -4,6 +4,9 @@ LABEL = "gpuprov.lab"
 LABELS = {LABEL: "1"}
 LABEL_FILTER = f"{LABEL}=1"
 PROFILE_LABEL = "gpuprov.lab.profile"
+# What a labelled container is: "host" for lab hosts (other lab services use other roles).
+ROLE_LABEL = "gpuprov.lab.role"
+HOST_ROLE = "host"
 HOST_PREFIX = "gpuprov-lab-"
 NETWORK = "gpuprov-lab-internal"
 BASE_REPO = "gpuprov-lab/debian12-base"

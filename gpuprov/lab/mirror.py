@@ -2,6 +2,7 @@
 the lab's internal network (`deb [signed-by=...] http://<ip>/ /`).
 
     ensure_mirror(lab_or_network) -> MirrorInfo    build the repository if needed, (re)start its container
+    running_mirror(client, paths) -> MirrorInfo    the mirror as it serves now (None if it does not)
     mirror_vars(info) -> dict                      the inventory's `mirror:` variables
     remove_mirror(client)                          remove the mirror container (lab.down)
 """
@@ -25,7 +26,12 @@ from pathlib import Path
 from gpuprov.errors import GpuprovError
 from gpuprov.lab.labels import BASE_REPO, HOST_REPO, LABEL, LABELS, NETWORK
 from gpuprov.lab.standins import (
-    PackageSpec, build_debs, gpu_profiles_table, inputs_digest, lab_stacks, standin_packages,
+    PackageSpec,
+    build_debs,
+    gpu_profiles_table,
+    inputs_digest,
+    lab_stacks,
+    standin_packages,
 )
 from gpuprov.lab.state import LabPaths, LabState
 
@@ -124,7 +130,7 @@ def key_fingerprint(home: Path) -> str | None:
     """The 40-hex fingerprint of the lab mirror key in `home`, or None when there is none."""
     if not home.is_dir():
         return None
-    out = subprocess.run(["gpg", "--homedir", str(home), "--batch", "--with-colons", "--list-secret-keys",
+    out = subprocess.run(["gpg", "--homedir", str(home), "--batch", "--with-colons", "--list-keys",
                           KEY_UID], capture_output=True, text=True, check=False).stdout
     fprs = [line.split(":")[9] for line in out.splitlines() if line.startswith("fpr:")]
     return fprs[0] if fprs else None
@@ -157,7 +163,7 @@ def ensure_key(paths: LabPaths, progress: Progress = _quiet) -> str:
 # ------------------------------------------------------------------------------------------- repository
 
 def _hashes(data: bytes) -> dict[str, str]:
-    return {"MD5sum": hashlib.md5(data).hexdigest(), "SHA1": hashlib.sha1(data).hexdigest(),  # noqa: S324
+    return {"MD5sum": hashlib.md5(data).hexdigest(), "SHA1": hashlib.sha1(data).hexdigest(),
             "SHA256": hashlib.sha256(data).hexdigest()}
 
 
@@ -364,6 +370,19 @@ def ensure_mirror(lab: LabState | str = NETWORK, *, paths: LabPaths | None = Non
     progress(f"mirror: serving {len(repo.packages)} packages at {url} (key {repo.fingerprint})")
     return MirrorInfo(url=url, key_file=repo.key_file, fingerprint=repo.fingerprint, ip=ip, repo=repo.path,
                       packages=repo.packages, timings=timings)
+
+
+def running_mirror(client, paths: LabPaths, network: str = NETWORK) -> MirrorInfo | None:
+    """The mirror as it serves now (for rewriting the inventory without rebuilding), or None."""
+    container = _find(client)
+    home = paths.state_dir / "mirror-gnupg"
+    fpr = key_fingerprint(home)
+    if container is None or container.status != "running" or fpr is None:
+        return None
+    ip = _ip(container, network)
+    if not ip:
+        return None
+    return MirrorInfo(url=f"http://{ip}/", key_file=paths.state_dir / "mirror-key.asc", fingerprint=fpr, ip=ip)
 
 
 def remove_mirror(client, progress: Progress = _quiet) -> bool:

@@ -99,11 +99,11 @@ def test_stopped_host_reported_others_answer(lab):
 
 def test_inventory_values_are_data(lab, tmp_path):
     """Shell metacharacters in inventory values never run: facts and a dry-run plan leave no trace."""
-    document = yaml.safe_load(lab.inventory.read_text())
+    path = copy_inventory(lab, tmp_path, lab.known_hosts)
+    document = yaml.safe_load(path.read_text())
     name = lab.hosts[0].name
     document["hosts"][name]["vars"]["note"] = "$(touch /tmp/owned-note); reboot"
     document["hosts"][name]["vars"]["label"] = "`touch /tmp/owned-tick` && reboot"
-    path = tmp_path / "inventory.yaml"
     path.write_text(yaml.safe_dump(document))
     invoke("facts", "--host", name, "--inventory", str(path))
     invoke("inventory.show", "--host", name, "--inventory", str(path))
