@@ -117,7 +117,8 @@ def parse_nvidia_smi(text: str) -> dict | None:
     rc_match = re.search(r"^@@rc=(\d+)\s*$", text, re.M)
     body = text[: rc_match.start()] if rc_match else text
     if rc_match and rc_match.group(1) != "0":
-        return {"error": body.strip().splitlines()[-1] if body.strip() else f"exit code {rc_match.group(1)}"}
+        lines = [line.strip() for line in body.strip().splitlines() if line.strip()]
+        return {"error": "; ".join(lines) or f"exit code {rc_match.group(1)}"}
     tree = parse_smi_tree(body)
     gpus = []
     for key, block in tree.items():
@@ -148,14 +149,19 @@ def parse_nvrm(text: str) -> dict | None:
     return {"version": match.group(1), "open": "Open Kernel Module" in text}
 
 
-def parse_packages(text: str) -> dict[str, str]:
-    packages = {}
+def parse_packages(text: str) -> tuple[dict[str, str], list[str]]:
+    """Installed packages {name: version} and the held ones, from dpkg-query (status ii/hi) or rpm lines."""
+    packages, held = {}, []
     for line in text.splitlines():
         fields = line.split("\t")
-        if len(fields) == 3 and fields[0].strip().startswith("ii"):
-            version = fields[2].strip()
-            packages[fields[1].strip()] = version.removeprefix("(none):").removeprefix("0:")
-    return packages
+        status = fields[0].strip() if fields else ""
+        if len(fields) != 3 or status not in {"ii", "hi"}:
+            continue
+        name = fields[1].strip()
+        packages[name] = fields[2].strip().removeprefix("(none):").removeprefix("0:")
+        if status == "hi":
+            held.append(name)
+    return packages, sorted(held)
 
 
 def parse_secure_boot(text: str) -> bool | None:
@@ -168,16 +174,17 @@ def parse_secure_boot(text: str) -> bool | None:
 
 
 def parse_services(text: str) -> dict[str, dict]:
+    """Units from `systemctl show -p Id,LoadState,UnitFileState,ActiveState UNIT...` (blank-line separated)."""
     services = {}
-    for line in text.splitlines():
-        fields = line.split()
-        if not fields:
+    for block in text.strip().split("\n\n"):
+        props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        if not props.get("Id"):
             continue
-        enabled = fields[1] if len(fields) > 1 else ""
-        active = fields[2] if len(fields) > 2 else ""
-        services[fields[0]] = {"exists": enabled not in {"", "not-found"} or active not in {"", "inactive"},
-                               "enabled": enabled in {"enabled", "enabled-runtime", "static", "alias"},
-                               "active": active == "active"}
+        services[props["Id"].removesuffix(".service")] = {
+            "exists": props.get("LoadState") == "loaded",
+            "enabled": props.get("UnitFileState") in {"enabled", "enabled-runtime", "static", "alias"},
+            "active": props.get("ActiveState") == "active",
+        }
     return services
 
 
@@ -211,8 +218,9 @@ def parse_facts(host: str, output: str) -> dict:
     meminfo = re.search(r"(\d+)", sec.get("meminfo", ""))
     gpus, nvswitch_count = parse_lspci(sec.get("lspci", ""))
     nvrm = parse_nvrm(sec.get("nvrm", ""))
+    smi = parse_nvidia_smi(sec.get("nvidia-smi", ""))
     modules = set(sec.get("modules", "").split())
-    packages = parse_packages(sec.get("packages", ""))
+    packages, held = parse_packages(sec.get("packages", ""))
     services = parse_services(sec.get("services", ""))
     files = {name[5:]: parse_file(body) for name, body in sec.items() if name.startswith("file ")}
     daemon_json = _json_or_none(files.get("/etc/docker/daemon.json"))
@@ -230,12 +238,12 @@ def parse_facts(host: str, output: str) -> dict:
         "mem_total_mib": int(meminfo.group(1)) // 1024 if meminfo else None,
         "pci_gpus": gpus,
         "nvswitch_count": nvswitch_count,
-        "nvidia_smi": parse_nvidia_smi(sec.get("nvidia-smi", "")),
-        "loaded_driver_version": nvrm["version"] if nvrm else None,
+        "nvidia_smi": smi,
+        "loaded_driver_version": _loaded_driver(nvrm, smi),
         "loaded_driver_open": nvrm["open"] if nvrm else None,
         "nvidia_modules_loaded": sorted(modules - {"nouveau"}),
         "packages": packages,
-        "held": sorted(sec.get("held", "").split()),
+        "held": held,
         "nouveau_loaded": "nouveau" in modules,
         "nouveau_blacklisted": bool(sec.get("nouveau-blacklist", "").strip()),
         "secure_boot": parse_secure_boot(sec.get("secure-boot", "")),
@@ -265,6 +273,16 @@ def parse_facts(host: str, output: str) -> dict:
         "gathered_at": sec.get("date", "").strip() or None,
         "complete": "end" in sec,
     }
+
+
+def _loaded_driver(nvrm: dict | None, smi: dict | None) -> str | None:
+    """The loaded module's version: /proc/driver/nvidia/version, else what a working nvidia-smi reports
+    (NVML answers only when the loaded module and the library match)."""
+    if nvrm:
+        return nvrm["version"]
+    if smi and not smi.get("error"):
+        return smi.get("driver_version")
+    return None
 
 
 def _json_or_none(text: str | None):

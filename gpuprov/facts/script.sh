@@ -21,12 +21,11 @@ s packages
 if have dpkg-query; then
   dpkg-query -W -f='${db:Status-Abbrev}\t${Package}\t${Version}\n' 'nvidia*' 'libnvidia*' 'cuda*' 'libcuda*' \
     'libnccl*' 'datacenter-gpu-manager*' 'libxnvctrl*' 'dkms' "linux-headers-$k" 'docker.io' 'docker-ce' \
-    'unattended-upgrades' 2>/dev/null | grep '^ii'
+    'unattended-upgrades' 2>/dev/null | grep '^[ih]i'
 elif have rpm; then
   rpm -qa --qf 'ii \t%{NAME}\t%{EPOCH}:%{VERSION}-%{RELEASE}\n' 2>/dev/null |
     grep -E '	(nvidia|libnvidia|cuda|libcuda|libnccl|datacenter-gpu-manager|dkms|kmod-nvidia|kernel-devel|kernel-headers|docker|moby|python3-dnf-plugin-versionlock)'
 fi
-s held; have apt-mark && apt-mark showhold 2>/dev/null
 s secure-boot
 if [ -d /sys/firmware/efi ]; then
   f=$(ls /sys/firmware/efi/efivars/SecureBoot-* 2>/dev/null | head -n 1)
@@ -39,11 +38,8 @@ if [ -e "/lib/modules/$k/build" ] || [ -d "/usr/src/linux-headers-$k" ] || [ -d 
 s docker; have dockerd && dockerd --version 2>/dev/null
 s ctk; have nvidia-ctk && nvidia-ctk --version 2>/dev/null
 s services
-if have systemctl; then
-  for u in docker nvidia-fabricmanager nvidia-dcgm nvidia-persistenced unattended-upgrades cloud-init; do
-    printf '%s %s %s\n' "$u" "$(systemctl is-enabled "$u" 2>/dev/null || true)" "$(systemctl is-active "$u" 2>/dev/null || true)"
-  done
-fi
+have systemctl && systemctl show -p Id,LoadState,UnitFileState,ActiveState docker nvidia-fabricmanager \
+  nvidia-dcgm nvidia-persistenced unattended-upgrades cloud-init 2>/dev/null
 s fabricmanager; have nv-fabricmanager && nv-fabricmanager --version 2>/dev/null
 s dcgm; have dcgmi && dcgmi --version 2>/dev/null
 s reboot-required; [ -f /var/run/reboot-required ] && echo yes

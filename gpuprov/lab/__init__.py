@@ -28,11 +28,12 @@ def up(hosts: int = 3, profiles: list[str] | None = None, *, paths: LabPaths | N
        progress: Progress = _quiet) -> LabState:
     """Bring up `hosts` lab hosts with `profiles` cycled over them (default: the mixed set)."""
     from gpuprov.lab.engine import ensure_engine, verify_runs
-    from gpuprov.lab.hosts import reconcile
+    from gpuprov.lab.hosts import ensure_network, reconcile
     from gpuprov.lab.images import ensure_base_image, ensure_host_image
     from gpuprov.lab.inotify import ensure_inotify
     from gpuprov.lab.keys import ensure_keypair
     from gpuprov.lab.labels import NETWORK
+    from gpuprov.lab.mirror import ensure_mirror, mirror_vars
     from gpuprov.lab.profiles import assign_profiles
 
     paths = paths or LabPaths.default()
@@ -49,7 +50,11 @@ def up(hosts: int = 3, profiles: list[str] | None = None, *, paths: LabPaths | N
     timings["images_s"] = time.monotonic() - mark
     ensure_inotify(hosts, progress)
     mark = time.monotonic()
-    lab_hosts = reconcile(client, chosen, image, paths, progress)
+    ensure_network(client, progress)
+    mirror = ensure_mirror(NETWORK, paths=paths, client=client, image=image, progress=progress)
+    timings["mirror_s"] = time.monotonic() - mark
+    mark = time.monotonic()
+    lab_hosts = reconcile(client, chosen, image, paths, progress, {"mirror": mirror_vars(mirror)})
     timings["hosts_s"] = time.monotonic() - mark
     timings["total_s"] = time.monotonic() - started
     progress(f"lab: {len(lab_hosts)} hosts ready in {timings['total_s']:.0f} s; inventory {paths.inventory}")
@@ -107,8 +112,12 @@ def start_host(name: str, *, paths: LabPaths | None = None) -> LabHost:
     container.start()
     host = host_from_container(container)
     wait_ready(container, host.port, time.monotonic() + READY_TIMEOUT_S)
+    from gpuprov.lab.mirror import mirror_vars, running_mirror
+
+    paths = paths or LabPaths.default()
     hosts = [host_from_container(c) for c in lab_containers(client)]
-    write_files(hosts, paths or LabPaths.default())
+    mirror = running_mirror(client, paths)
+    write_files(hosts, paths, {"mirror": mirror_vars(mirror)} if mirror else None)
     return next(h for h in hosts if h.name == name)
 
 

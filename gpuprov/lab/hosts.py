@@ -155,8 +155,8 @@ def host_from_container(container) -> LabHost:
                    hardware=json.loads(labels.get(HARDWARE_LABEL, "{}")), state=container.status)
 
 
-def write_files(hosts: list[LabHost], paths: LabPaths) -> None:
-    """known_hosts and inventories/lab.yaml for these hosts."""
+def write_files(hosts: list[LabHost], paths: LabPaths, lab_vars: dict | None = None) -> None:
+    """known_hosts and inventories/lab.yaml for these hosts (lab_vars: the lab group's variables)."""
     entries = []
     for host in hosts:
         pub = (paths.host_keys / host.name / "ssh_host_ed25519_key.pub").read_text(encoding="utf-8")
@@ -164,11 +164,11 @@ def write_files(hosts: list[LabHost], paths: LabPaths) -> None:
     paths.known_hosts.parent.mkdir(parents=True, exist_ok=True)
     paths.known_hosts.write_text(render_known_hosts(entries), encoding="utf-8")
     paths.inventory.parent.mkdir(parents=True, exist_ok=True)
-    paths.inventory.write_text(render_inventory(hosts, paths), encoding="utf-8")
+    paths.inventory.write_text(render_inventory(hosts, paths, lab_vars), encoding="utf-8")
 
 
 def reconcile(client, profiles: list[Profile], image: str, paths: LabPaths,
-              progress: Callable[[str], None] = print) -> list[LabHost]:
+              progress: Callable[[str], None] = print, lab_vars: dict | None = None) -> list[LabHost]:
     """Make the lab exactly len(profiles) running, ready hosts; keep those that already match."""
     progress = _serialised(progress)
     wanted = {host_name(i + 1): (i + 1, p) for i, p in enumerate(profiles)}
@@ -214,7 +214,7 @@ def reconcile(client, profiles: list[Profile], image: str, paths: LabPaths,
 
     with ThreadPoolExecutor(max_workers=16) as pool:
         hosts = list(pool.map(ready, wanted))
-    write_files(hosts, paths)
+    write_files(hosts, paths, lab_vars)
     return hosts
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuprov.errors import GpuprovError
-from gpuprov.lab.labels import BASE_REPO, HOST_REPO, LABEL, LABELS, NETWORK
+from gpuprov.lab.labels import BASE_REPO, HOST_REPO, LABEL, LABELS, NETWORK, ROLE_LABEL
 from gpuprov.lab.standins import (
     PackageSpec,
     build_debs,
@@ -36,7 +36,6 @@ from gpuprov.lab.standins import (
 from gpuprov.lab.state import LabPaths, LabState
 
 MIRROR_NAME = "gpuprov-lab-mirror"
-ROLE_LABEL = "gpuprov.lab.role"
 DIGEST_LABEL = "gpuprov.lab.mirror-digest"
 KEY_UID = "gpuprov lab mirror <lab@gpuprov.invalid>"
 SERVE_DIR = "/srv/mirror"

@@ -87,8 +87,11 @@ class LabState:
         raise KeyError(name)
 
 
-def inventory_document(hosts: list[LabHost], paths: LabPaths) -> dict:
-    """The native inventory for the lab hosts (data only; `render_inventory` adds the header)."""
+def inventory_document(hosts: list[LabHost], paths: LabPaths, lab_vars: dict | None = None) -> dict:
+    """The native inventory for the lab hosts (data only; `render_inventory` adds the header).
+
+    lab_vars are the `lab` group's variables (the lab mirror's `mirror:` settings).
+    """
     known_hosts = os.path.relpath(paths.known_hosts, paths.inventory.parent)
     profiles = sorted({h.profile for h in hosts})
     return {
@@ -104,11 +107,11 @@ def inventory_document(hosts: list[LabHost], paths: LabPaths) -> dict:
             }
             for h in hosts
         },
-        "groups": {"lab": {"vars": {}}, **{p: {"vars": {}} for p in profiles}},
+        "groups": {"lab": {"vars": dict(lab_vars or {})}, **{p: {"vars": {}} for p in profiles}},
     }
 
 
-def render_inventory(hosts: list[LabHost], paths: LabPaths) -> str:
+def render_inventory(hosts: list[LabHost], paths: LabPaths, lab_vars: dict | None = None) -> str:
     import yaml
 
-    return INVENTORY_HEADER + yaml.safe_dump(inventory_document(hosts, paths), sort_keys=False)
+    return INVENTORY_HEADER + yaml.safe_dump(inventory_document(hosts, paths, lab_vars), sort_keys=False)

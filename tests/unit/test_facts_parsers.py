@@ -57,7 +57,7 @@ def test_nvidia_smi_hgx_bus_ids_are_distinct(fixture_text):
 def test_nvidia_smi_failure_is_a_fact():
     smi = parse_nvidia_smi("Failed to initialize NVML: Driver/library version mismatch\n"
                            "NVML library version: 570.148\n@@rc=18\n")
-    assert smi == {"error": "NVML library version: 570.148"}
+    assert smi == {"error": "Failed to initialize NVML: Driver/library version mismatch; NVML library version: 570.148"}
 
 
 def test_nvidia_smi_missing_is_null():
@@ -113,10 +113,11 @@ def test_nvrm_proprietary_and_open():
 
 
 def test_packages_dpkg_and_rpm():
-    dpkg = "ii \tnvidia-open-570\t570.148.08-1\nrc \tnvidia-driver-550\t550.1-1\nii \tlibnccl2\t2.26.5-1+cuda12.9\n"
-    assert parse_packages(dpkg) == {"nvidia-open-570": "570.148.08-1", "libnccl2": "2.26.5-1+cuda12.9"}
+    dpkg = "hi \tnvidia-open-570\t570.148.08-1\nrc \tnvidia-driver-550\t550.1-1\nii \tlibnccl2\t2.26.5-1+cuda12.9\n"
+    assert parse_packages(dpkg) == ({"nvidia-open-570": "570.148.08-1", "libnccl2": "2.26.5-1+cuda12.9"},
+                                    ["nvidia-open-570"])
     rpm = "ii \tnvidia-driver\t3:570.148.08-1.el9\nii \tcuda-toolkit-12-8\t(none):12.8.1-1\n"
-    assert parse_packages(rpm) == {"nvidia-driver": "3:570.148.08-1.el9", "cuda-toolkit-12-8": "12.8.1-1"}
+    assert parse_packages(rpm) == ({"nvidia-driver": "3:570.148.08-1.el9", "cuda-toolkit-12-8": "12.8.1-1"}, [])
 
 
 def test_secure_boot_and_services():
@@ -124,7 +125,10 @@ def test_secure_boot_and_services():
     assert parse_secure_boot("  1") is True
     assert parse_secure_boot("  0") is False
     assert parse_secure_boot("unknown") is None
-    services = parse_services("docker enabled active\nnvidia-fabricmanager  \nnvidia-dcgm disabled inactive\n")
+    services = parse_services(
+        "Id=docker.service\nLoadState=loaded\nUnitFileState=enabled\nActiveState=active\n\n"
+        "Id=nvidia-fabricmanager.service\nLoadState=not-found\nUnitFileState=\nActiveState=inactive\n\n"
+        "Id=nvidia-dcgm.service\nLoadState=loaded\nUnitFileState=disabled\nActiveState=inactive\n")
     assert services["docker"] == {"exists": True, "enabled": True, "active": True}
     assert services["nvidia-fabricmanager"]["exists"] is False
     assert services["nvidia-dcgm"] == {"exists": True, "enabled": False, "active": False}
@@ -137,7 +141,7 @@ def _output(**sections: str) -> str:
 def test_bare_host_facts_are_nulls_not_failures():
     text = _output(**{"os-release": 'ID=debian\nVERSION_ID="12"', "uname": "6.1.0-18-amd64\nx86_64", "cpus": "2",
                       "meminfo": "MemTotal:       24576000 kB", "lspci": "", "nvidia-smi": "", "nvrm": "",
-                      "modules": "", "packages": "", "held": "", "secure-boot": "bios",
+                      "modules": "", "packages": "", "secure-boot": "bios",
                       "kernel-headers": "no", "docker": "", "ctk": "", "services": "", "end": ""})
     facts = parse_facts("gpu01", text)
     assert facts["os"]["key"] == "debian-12"
@@ -152,7 +156,7 @@ def test_managed_files_round_trip_and_docker_runtimes():
     daemon = '{"runtimes": {"nvidia": {"path": "nvidia-container-runtime"}}}'
     encoded = base64.b64encode(daemon.encode()).decode()
     text = _output(**{"docker": "Docker version 26.1.5+dfsg1, build a72d7cd",
-                      "services": "docker enabled active",
+                      "services": "Id=docker.service\nLoadState=loaded\nUnitFileState=enabled\nActiveState=active",
                       "file /etc/docker/daemon.json": f"present\n{encoded}",
                       "file /etc/apt/preferences.d/gpuprov-nvidia": "", "end": ""})
     facts = parse_facts("gpu01", text)
@@ -174,3 +178,12 @@ def test_facts_command_quotes_every_argument():
     words = shlex.split(command)
     assert words[:2] == ["sh", "-c"]
     assert words[3:] == ["gpuprov-facts", "/etc/x y", "/tmp/$(touch /tmp/owned)"]
+
+
+def test_loaded_driver_falls_back_to_a_working_nvidia_smi(fixture_text):
+    smi = fixture_text(SMI + "l40s_nvidia-smi-q_595.80_idle.txt") + "@@rc=0"
+    facts = parse_facts("gpu01", _output(**{"nvidia-smi": smi, "nvrm": "", "end": ""}))
+    assert facts["loaded_driver_version"] == "595.80"
+    broken = _output(**{"nvidia-smi": "Failed to initialize NVML: Driver/library version mismatch\n@@rc=18",
+                        "end": ""})
+    assert parse_facts("gpu01", broken)["loaded_driver_version"] is None
