@@ -7,6 +7,7 @@ command timeouts, and a failure budget (`max_fail`) after which no new host is s
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -93,6 +94,11 @@ def run_on_hosts(hosts: list, work: Callable[[HostConnection], Any], settings: S
             return Outcome(host, value=work(conn), duration=time.monotonic() - started)
         except GpuprovError as exc:
             return Outcome(host, error=exc, duration=time.monotonic() - started)
+        except Exception as exc:  # noqa: BLE001 - one host's bug must not stop the others
+            error = GpuprovError(f"internal error: {type(exc).__name__}: {exc}", host=host.name,
+                                 output=traceback.format_exc(),
+                                 hint="this is a gpuprov bug: report it with the JSON report of this run")
+            return Outcome(host, error=error, duration=time.monotonic() - started)
         finally:
             conn.close()
 

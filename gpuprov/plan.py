@@ -43,7 +43,7 @@ def _read_local(path: str | None, inventory_dir: Path, what: str, host: str) -> 
 def repo_spec(host, facts: dict, inventory_dir: Path):
     """Where packages come from: the inventory's mirror, or NVIDIA's repository for the host's OS."""
     from gpuprov.ops import RepoSpec
-    from gpuprov.stack.data import os_repo
+    from gpuprov.stack.data import table
 
     mirror = host.vars.get("mirror") or {}
     proxy = mirror.get("proxy")
@@ -52,7 +52,7 @@ def repo_spec(host, facts: dict, inventory_dir: Path):
         return RepoSpec(url=mirror["url"], key_url=None if mirror.get("key_file") else mirror.get("key_url"),
                         key_data=_read_local(mirror.get("key_file"), inventory_dir, "key_file", host.name),
                         fingerprint=mirror.get("fingerprint"), proxy=proxy, ca_pem=ca_pem)
-    repo = os_repo(facts["os"]["key"])
+    repo = table("packages")["os"][facts["os"]["key"]]
     return RepoSpec(url=repo["repo_url"], key_url=repo["key_url"], key_data=None,
                     fingerprint=repo["key_fingerprint"], proxy=proxy, ca_pem=ca_pem)
 

@@ -96,7 +96,8 @@ def provision_host(conn, host, inventory_dir: Path, options: Options,
                                    host=host.name, step="preflight",
                                    hint="; ".join(c.remedy for c in failed if c.remedy)
                                    + " (or rerun with --skip-preflight)")
-        plan = plan_host(host, run.facts_before, run.stack, inventory_dir, set(options.only) if options.only else None)
+        only = set(options.only) if options.only else None
+        plan = plan_host(host, run.facts_before, run.stack, inventory_dir, only)
         run.plan = plan.to_dict()
         if options.dry_run:
             run.status = "planned" if plan.changes else "unchanged"
@@ -116,6 +117,12 @@ def provision_host(conn, host, inventory_dir: Path, options: Options,
             reboot_and_wait(conn, options.reboot_timeout)
             run.reboot = "done"
             run.facts_after = gather(conn, MANAGED_FILES)
+            # what waits for the new driver to be loaded (services, CDI spec) is planned again now
+            after = plan_host(host, run.facts_after, run.stack, inventory_dir, only)
+            if after.changes:
+                run.steps += apply_changes(conn, after.changes)
+                run.plan["changes"] += after.to_dict()["changes"]
+                run.facts_after = gather(conn, MANAGED_FILES)
         run.mismatches = [m.to_dict() for m in check_host(run.facts_after, run.stack)]
         if run.reboot != "done" and (plan.reboot_needed or _needs_reboot(run.mismatches)):
             run.reboot = "required"

@@ -11,7 +11,8 @@ from collections.abc import Callable
 def console(stderr: bool = False):
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False)
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, highlight=False, width=None if stream.isatty() else 160)
 
 
 def progress_printer(quiet: bool = False) -> Callable[[object, str], None]:

@@ -39,6 +39,8 @@ RUN_OPTIONS = {
     "volumes": {"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"}},
     "tmpfs": {"/run": "", "/run/lock": ""},
     "security_opt": ["seccomp=unconfined", "apparmor=unconfined"],
+    # `systemctl reboot` ends PID 1; the engine starts the container again, as a server comes back
+    "restart_policy": {"Name": "unless-stopped"},
 }
 
 

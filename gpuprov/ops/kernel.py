@@ -35,11 +35,13 @@ def changes(ctx: OpContext) -> Iterator[Change]:
 
     current = ctx.file(NOUVEAU_BLACKLIST)
     if current != BLACKLIST_CONTENT:
-        rebuild = "update-initramfs -u" if ctx.family == "debian" else "dracut -f"
+        tool = "update-initramfs" if ctx.family == "debian" else "dracut"
+        # a host that boots without an initramfs (no generator installed) has nothing to rebuild
+        rebuild = f"if command -v {tool} >/dev/null; then {tool} {'-u' if tool == 'update-initramfs' else '-f'}; fi"
         restore = (f"rm -f {q(NOUVEAU_BLACKLIST)}" if current is None
                    else write_file(NOUVEAU_BLACKLIST, current))
         # A failed initramfs rebuild puts the old file back, so the next run retries the rebuild.
         command = (f"{write_file(NOUVEAU_BLACKLIST, BLACKLIST_CONTENT)} && "
                    f"{{ {rebuild} || {{ {restore}; false; }}; }}")
-        yield Change(COMPONENT, f"blacklist nouveau in {NOUVEAU_BLACKLIST} and rebuild the initramfs ({rebuild})",
+        yield Change(COMPONENT, f"blacklist nouveau in {NOUVEAU_BLACKLIST} and rebuild the initramfs ({tool})",
                      (command,), reboot=True, diff=unified_diff(NOUVEAU_BLACKLIST, current, BLACKLIST_CONTENT))
