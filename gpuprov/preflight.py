@@ -36,7 +36,9 @@ def probe_command(facts: dict, repo) -> tuple[str, str | None]:
     fetch = 'printf %s "$ca" | ' + " ".join(shlex.quote(word) for word in curl)
     kernel = facts.get("kernel") or ""
     headers = f"linux-headers-{kernel}" if family == "debian" else f"kernel-devel-{kernel}"
-    lookup = (f"apt-cache show {shlex.quote(headers)} >/dev/null 2>&1" if family == "debian"
+    # no package cache is written: preflight leaves the host exactly as it was
+    lookup = (f"apt-cache -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache= show {shlex.quote(headers)}"
+              " >/dev/null 2>&1" if family == "debian"
               else f"dnf -q list --available {shlex.quote(headers)} >/dev/null 2>&1")
     script = "\n".join([
         "command -v curl >/dev/null 2>&1 || { echo 'source=nocurl'; exit 0; }",

@@ -25,10 +25,13 @@ def _quiet(_: str) -> None:
 
 
 def up(hosts: int = 3, profiles: list[str] | None = None, *, paths: LabPaths | None = None,
-       progress: Progress = _quiet) -> LabState:
-    """Bring up `hosts` lab hosts with `profiles` cycled over them (default: the mixed set)."""
+       progress: Progress = _quiet, fresh: bool = False) -> LabState:
+    """Bring up `hosts` lab hosts with `profiles` cycled over them (default: the mixed set).
+
+    Matching running hosts are reused; `fresh` recreates every host from the image (bare servers).
+    """
     from gpuprov.lab.engine import ensure_engine, verify_runs
-    from gpuprov.lab.hosts import ensure_network, reconcile
+    from gpuprov.lab.hosts import ensure_network, lab_containers, reconcile
     from gpuprov.lab.images import ensure_base_image, ensure_host_image
     from gpuprov.lab.inotify import ensure_inotify
     from gpuprov.lab.keys import ensure_keypair
@@ -51,6 +54,9 @@ def up(hosts: int = 3, profiles: list[str] | None = None, *, paths: LabPaths | N
     ensure_inotify(hosts, progress)
     mark = time.monotonic()
     ensure_network(client, progress)
+    if fresh:
+        for container in lab_containers(client):
+            container.remove(force=True, v=True)
     mirror = ensure_mirror(NETWORK, paths=paths, client=client, image=image, progress=progress)
     timings["mirror_s"] = time.monotonic() - mark
     mark = time.monotonic()

@@ -18,13 +18,14 @@ def _printer():
     "hosts": "number of hosts (containers gpuprov-lab-01 ...), default 3",
     "profile": "hardware profile(s), repeat or give a comma list; cycled over the hosts "
                "(default: a mix of hgx-h100, l40s, a100-pcie, rtx-4090, h200)",
+    "fresh": "recreate every host from the image: bare servers, nothing provisioned",
 })
 @exits_cleanly
-def up(c, hosts=3, profile=None):
+def up(c, hosts=3, profile=None, fresh=False):
     """Start the lab (Docker engine, images, hosts) and write inventories/lab.yaml."""
     import gpuprov.lab
 
-    state = gpuprov.lab.up(int(hosts), split_names(profile) or None, progress=_printer())
+    state = gpuprov.lab.up(int(hosts), split_names(profile) or None, progress=_printer(), fresh=fresh)
     _table(state.hosts)
     print(f"inventory: {state.inventory}\nknown_hosts: {state.known_hosts}\nkey: {state.key}")
 

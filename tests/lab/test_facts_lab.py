@@ -4,35 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from labutil import copy_inventory, invoke
 
 pytestmark = pytest.mark.lab
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def invoke(*args: str, check_code: int | None = 0) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
-    if check_code is not None:
-        assert proc.returncode == check_code, proc.stdout + proc.stderr
-    return proc
-
-
-def copy_inventory(lab, tmp_path: Path, known_hosts: Path, **extra) -> Path:
-    """The lab inventory with its own known_hosts file (absolute), plus extra top-level keys."""
-    document = yaml.safe_load(lab.inventory.read_text())
-    document["known_hosts"] = str(known_hosts)
-    for key, value in extra.items():
-        document[key] = value
-    path = tmp_path / "inventory.yaml"
-    path.write_text(yaml.safe_dump(document))
-    return path
-
-
 def test_facts_from_three_profiles_in_one_call(lab):
     proc = invoke("facts", "--all", "--json", "--inventory", str(lab.inventory))
     facts = json.loads(proc.stdout)

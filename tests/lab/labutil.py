@@ -1,0 +1,55 @@
+"""Helpers for lab tests: run the CLI as an operator would, copy and edit the lab inventory, look at hosts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# What a dry run must leave exactly as it was: configuration, software, package state, boot files.
+SNAPSHOT = ("(find /etc /usr /opt /boot /var/lib/dpkg /var/lib/apt -xdev -printf '%p %s %T@ %m %l\\n' "
+            "2>/dev/null | sort; tar -cf - /etc /var/lib/dpkg /var/lib/apt 2>/dev/null) | sha256sum")
+
+
+def invoke(*args: str, check_code: int | None = 0, env: dict | None = None,
+           timeout: int = 900) -> subprocess.CompletedProcess:
+    """Run `python -m invoke ARGS` from the repository root; assert its exit code unless None."""
+    proc = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+    if check_code is not None:
+        assert proc.returncode == check_code, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def invoke_json(*args: str, check_code: int | None = 0, env: dict | None = None) -> dict:
+    return json.loads(invoke(*args, "--json", check_code=check_code, env=env).stdout)
+
+
+def copy_inventory(lab, tmp_path: Path, known_hosts: Path | None = None, edit=None) -> Path:
+    """The lab inventory written elsewhere, with an absolute known_hosts; `edit(document)` may change it."""
+    document = yaml.safe_load(lab.inventory.read_text())
+    document["known_hosts"] = str(known_hosts or lab.known_hosts)
+    if edit is not None:
+        edit(document)
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def on_host(lab, name: str, command: str, check: bool = True) -> str:
+    """Run a shell command inside a lab host (the test's own view, not gpuprov's)."""
+    proc = subprocess.run(["docker", "exec", lab.host(name).container_id, "sh", "-c", command],
+                          capture_output=True, text=True, timeout=120)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def snapshot(lab, name: str) -> str:
+    return on_host(lab, name, SNAPSHOT).strip()

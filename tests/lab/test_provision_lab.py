@@ -1,0 +1,188 @@
+"""`invoke provision` against bare lab hosts over real SSH, through the lab mirror.
+
+The tests run in file order and share the hosts: bare -> dry run -> provisioned -> faults -> upgrade.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from labutil import ROOT, copy_inventory, invoke, invoke_json, on_host, snapshot
+
+pytestmark = pytest.mark.lab
+PROFILES = ["hgx-h100", "l40s", "a100-pcie"]
+
+
+@pytest.fixture(scope="module")
+def fleet(lab, tmp_path_factory):
+    """Bare lab hosts (recreated from the image) and the environment every CLI call of this module uses."""
+    import gpuprov.lab
+
+    state = gpuprov.lab.up(len(PROFILES), PROFILES, paths=lab.paths, fresh=True)
+    folder = tmp_path_factory.mktemp("provision")
+    env = {"INVOKE_GPUPROV_LOCKS": str(folder / "locks"), "INVOKE_GPUPROV_REPORTS": str(folder / "reports")}
+    return state, env
+
+
+def hgx(state) -> str:
+    return next(h.name for h in state.hosts if h.profile == "hgx-h100")
+
+
+def provision(env, *args, check_code=0, inventory=None) -> dict:
+    from gpuprov.lab.state import LabPaths
+
+    return invoke_json("provision", "--inventory", str(inventory or LabPaths(ROOT).inventory), *args,
+                       check_code=check_code, env=env)
+
+
+def by_host(report: dict) -> dict:
+    return {run["host"]: run for run in report["hosts"]}
+
+
+def test_dry_run_changes_nothing(fleet):
+    state, env = fleet
+    before = {h.name: snapshot(state, h.name) for h in state.hosts}
+    runs = by_host(provision(env, "--all", "--dry-run"))
+    assert all(run["status"] == "planned" and run["plan"]["changes"] for run in runs.values())
+    assert {h.name: snapshot(state, h.name) for h in state.hosts} == before
+
+
+def test_provision_from_bare_installs_the_resolved_stack_and_holds_it(fleet):
+    state, env = fleet
+    runs = by_host(provision(env, "--all"))
+    for name, run in runs.items():
+        assert run["status"] == "changed", run.get("error")
+        assert run["reboot"] == "done" and run["mismatches"] == []
+        after = run["facts_after"]
+        wanted = [p for key in ("driver", "cuda", "nccl", "container_toolkit", "fabricmanager", "dcgm")
+                  for p in (run["stack"][key] or {"packages": []})["packages"]]
+        assert {p["name"]: after["packages"].get(p["name"]) for p in wanted} == {p["name"]: p["version"] for p in wanted}
+        assert {p["name"] for p in wanted} <= set(after["held"])
+        assert after["nvidia_smi"]["driver_version"] == run["stack"]["driver"]["version"]
+        assert (run["stack"]["fabricmanager"] is not None) == (name == hgx(state))
+    assert runs[hgx(state)]["facts_after"]["services"]["nvidia-fabricmanager"]["active"] is True
+    held = on_host(state, hgx(state), "apt-mark showhold")
+    assert "nvidia-fabricmanager" in held
+
+
+def test_second_run_changes_nothing(fleet):
+    _, env = fleet
+    runs = by_host(provision(env, "--all"))
+    assert {name: (run["status"], len(run["plan"]["changes"])) for name, run in runs.items()} == {
+        name: ("unchanged", 0) for name in runs}
+
+
+def test_stack_check_finds_planted_mismatches_and_provision_mends_them(fleet):
+    state, env = fleet
+    name = hgx(state)
+    invoke("stack.check", "--host", name, env=env)
+    on_host(state, name, "apt-mark unhold libnccl2 >/dev/null && systemctl stop nvidia-fabricmanager")
+    found = invoke_json("stack.check", "--host", name, check_code=1, env=env)[name]["mismatches"]
+    text = " ".join(f"{m['what']} {m['remedy']}" for m in found).lower()
+    assert "libnccl2" in text and "fabric" in text
+    provision(env, "--host", name)
+    invoke("stack.check", "--host", name, env=env)
+
+
+def test_held_apt_lock_is_waited_out(fleet):
+    state, env = fleet
+    name = state.hosts[1].name
+    on_host(state, name, "apt-mark unhold libnccl-dev >/dev/null && dpkg -r libnccl-dev >/dev/null")
+    hold = ("import fcntl, time; f = open('/var/lib/dpkg/lock-frontend', 'w'); "
+            "fcntl.lockf(f, fcntl.LOCK_EX); time.sleep(8)")
+    subprocess.run(["docker", "exec", "-d", state.host(name).container_id, "python3", "-c", hold], check=True)
+    time.sleep(1)
+    started = time.monotonic()
+    run = by_host(provision(env, "--host", name))[name]
+    assert run["status"] == "changed" and time.monotonic() - started > 5
+    assert run["facts_after"]["packages"].get("libnccl-dev")
+
+
+def test_killed_connection_mid_apply_then_rerun_converges(fleet):
+    state, env = fleet
+    name = state.hosts[2].name
+    on_host(state, name, "apt-mark unhold libnccl-dev >/dev/null && dpkg -r libnccl-dev >/dev/null")
+    hold = ("import fcntl, time; f = open('/var/lib/dpkg/lock-frontend', 'w'); "
+            "fcntl.lockf(f, fcntl.LOCK_EX); time.sleep(30)")
+    subprocess.run(["docker", "exec", "-d", state.host(name).container_id, "python3", "-c", hold], check=True)
+    from gpuprov.lab.state import LabPaths
+
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "provision", "--host", name, "--inventory",
+                             str(LabPaths(ROOT).inventory)], cwd=ROOT, env={**os.environ, **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while "apt-get" not in on_host(state, name, "ps -eo args", check=False) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    on_host(state, name, "pkill -f 'sshd: root@notty'", check=False)  # the connection drops mid-apply
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out + err
+    on_host(state, name, "pkill -f fcntl.lockf", check=False)
+    provision(env, "--host", name)
+    again = by_host(provision(env, "--host", name))[name]
+    assert again["status"] == "unchanged"
+
+
+def test_one_host_down_others_go_on(fleet):
+    import gpuprov.lab
+
+    state, env = fleet
+    down = state.hosts[-1].name
+    gpuprov.lab.stop_host(down)
+    try:
+        runs = by_host(provision(env, "--all", check_code=1))
+    finally:
+        gpuprov.lab.start_host(down, paths=state.paths)
+    assert runs[down]["status"] == "failed" and "cannot reach" in runs[down]["error"]["error"]
+    assert all(run["status"] == "unchanged" for name, run in runs.items() if name != down)
+
+
+def test_inventory_value_with_metacharacters_arrives_as_data(fleet, tmp_path):
+    state, env = fleet
+    name = state.hosts[0].name
+
+    def hostile_proxy(document):
+        mirror = dict(document["groups"]["lab"]["vars"]["mirror"])
+        mirror["proxy"] = "http://127.0.0.1:9/$(touch /tmp/owned-proxy);reboot"
+        document["hosts"][name]["vars"]["mirror"] = mirror
+
+    inventory = copy_inventory(state, tmp_path, edit=hostile_proxy)
+    boot = on_host(state, name, "cut -d' ' -f22 /proc/1/stat")
+    proc = invoke("preflight", "--host", name, "--inventory", str(inventory), check_code=1, env=env)
+    assert "unreachable" in proc.stdout
+    assert on_host(state, name, "ls /tmp/owned-* 2>/dev/null | wc -l").strip() == "0"
+    assert on_host(state, name, "cut -d' ' -f22 /proc/1/stat") == boot  # and it did not reboot
+
+
+def test_driver_upgrade_needs_a_reboot_until_done(fleet, tmp_path):
+    state, env = fleet
+    name = hgx(state)
+
+    def pin(branch):
+        def edit(document):
+            document["hosts"][name]["vars"]["stack"] = {"driver": branch}
+        return edit
+
+    older = copy_inventory(state, tmp_path, edit=pin("580"))
+    run = by_host(provision(env, "--host", name, inventory=older))[name]
+    assert run["stack"]["driver"]["branch"] == "580" and run["reboot"] == "done"
+
+    run = by_host(provision(env, "--host", name, "--reboot", "never"))[name]
+    new = run["stack"]["driver"]["version"]
+    assert run["status"] == "changed" and run["reboot"] == "required" and not new.startswith("580")
+    packages = run["facts_after"]["packages"]
+    assert all(packages.get(p["name"]) == p["version"] for p in run["stack"]["fabricmanager"]["packages"])
+    mismatches = invoke_json("stack.check", "--host", name, check_code=1, env=env)[name]["mismatches"]
+    assert any("reboot" in m["remedy"].lower() for m in mismatches)
+
+    subprocess.run(["docker", "restart", state.host(name).container_id], check=True, capture_output=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if invoke("stack.check", "--host", name, check_code=None, env=env).returncode == 0:
+            break
+        time.sleep(2)
+    else:
+        pytest.fail("stack.check still reports a mismatch after the reboot")
