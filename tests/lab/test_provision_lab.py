@@ -60,7 +60,8 @@ def test_provision_from_bare_installs_the_resolved_stack_and_holds_it(fleet):
         after = run["facts_after"]
         wanted = [p for key in ("driver", "cuda", "nccl", "container_toolkit", "fabricmanager", "dcgm")
                   for p in (run["stack"][key] or {"packages": []})["packages"]]
-        assert {p["name"]: after["packages"].get(p["name"]) for p in wanted} == {p["name"]: p["version"] for p in wanted}
+        installed = {p["name"]: after["packages"].get(p["name"]) for p in wanted}
+        assert installed == {p["name"]: p["version"] for p in wanted}
         assert {p["name"] for p in wanted} <= set(after["held"])
         assert after["nvidia_smi"]["driver_version"] == run["stack"]["driver"]["version"]
         assert (run["stack"]["fabricmanager"] is not None) == (name == hgx(state))
