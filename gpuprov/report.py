@@ -16,7 +16,10 @@ def console(stderr: bool = False):
 
 
 def progress_printer(quiet: bool = False) -> Callable[[object, str], None]:
-    """An on_event callback that prints one line per host event on stderr, with elapsed time."""
+    """An on_event callback that prints one line per host event on stderr, with elapsed time.
+
+    Events: start, ok, failed, skipped; anything else is a phase of the host's work ("apply 14 changes").
+    """
     lock = threading.Lock()
     started: dict[str, float] = {}
     out = console(stderr=True)
@@ -30,7 +33,10 @@ def progress_printer(quiet: bool = False) -> Callable[[object, str], None]:
                 started[host.name] = time.monotonic()
                 return
             elapsed = time.monotonic() - started.get(host.name, time.monotonic())
-            out.print(f"[{styles.get(event, '')}]{event:>7}[/] {host.name} ({elapsed:.1f}s)")
+            if event in styles:
+                out.print(f"[{styles[event]}]{event:>7}[/] {host.name} ({elapsed:.1f}s)")
+            else:
+                out.print(f"[dim]{'...':>7} {host.name}: {event} ({elapsed:.1f}s)[/]")
 
     return on_event
 

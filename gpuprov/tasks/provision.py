@@ -59,7 +59,8 @@ def provision(c, host=None, group=None, all=False, inventory=None, dry_run=False
                       update_lock=update_lock, locks_dir=path_setting(c, "locks"))
     printer = progress_printer(quiet=json_)
     outcomes = run_on_hosts(
-        hosts, lambda conn: provision_host(conn, conn.host, inv.path.parent, options), settings,
+        hosts, lambda conn: provision_host(conn, conn.host, inv.path.parent, options,
+                                           say=lambda _name, what: printer(conn.host, what)), settings,
         jump_of=inv.jump_host, on_event=printer)
     runs = [o.value.to_dict() if o.ok else _failed_run(o) for o in outcomes]
     report = write_json_report(path_setting(c, "reports"), "provision",

@@ -89,13 +89,18 @@ def test_stack_check_finds_planted_mismatches_and_provision_mends_them(fleet):
     invoke("stack.check", "--host", name, env=env)
 
 
+def remove_nccl_dev_and_hold_the_lock(state, name: str, seconds: int) -> None:
+    """Leave work for provision (a removed package) and hold dpkg's lock as unattended-upgrades would."""
+    on_host(state, name, "apt-mark unhold libnccl-dev >/dev/null && dpkg -r libnccl-dev >/dev/null")
+    hold = ("import fcntl, time; f = open('/var/lib/dpkg/lock-frontend', 'w'); "
+            f"fcntl.lockf(f, fcntl.LOCK_EX); time.sleep({seconds})")
+    subprocess.run(["docker", "exec", "-d", state.host(name).container_id, "python3", "-c", hold], check=True)
+
+
 def test_held_apt_lock_is_waited_out(fleet):
     state, env = fleet
     name = state.hosts[1].name
-    on_host(state, name, "apt-mark unhold libnccl-dev >/dev/null && dpkg -r libnccl-dev >/dev/null")
-    hold = ("import fcntl, time; f = open('/var/lib/dpkg/lock-frontend', 'w'); "
-            "fcntl.lockf(f, fcntl.LOCK_EX); time.sleep(8)")
-    subprocess.run(["docker", "exec", "-d", state.host(name).container_id, "python3", "-c", hold], check=True)
+    remove_nccl_dev_and_hold_the_lock(state, name, seconds=8)
     time.sleep(1)
     started = time.monotonic()
     run = by_host(provision(env, "--host", name))[name]
@@ -106,10 +111,7 @@ def test_held_apt_lock_is_waited_out(fleet):
 def test_killed_connection_mid_apply_then_rerun_converges(fleet):
     state, env = fleet
     name = state.hosts[2].name
-    on_host(state, name, "apt-mark unhold libnccl-dev >/dev/null && dpkg -r libnccl-dev >/dev/null")
-    hold = ("import fcntl, time; f = open('/var/lib/dpkg/lock-frontend', 'w'); "
-            "fcntl.lockf(f, fcntl.LOCK_EX); time.sleep(30)")
-    subprocess.run(["docker", "exec", "-d", state.host(name).container_id, "python3", "-c", hold], check=True)
+    remove_nccl_dev_and_hold_the_lock(state, name, seconds=30)
     from gpuprov.lab.state import LabPaths
 
     proc = subprocess.Popen([sys.executable, "-m", "invoke", "provision", "--host", name, "--inventory",
