@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -30,7 +31,7 @@ def _join(words: Iterable[str]) -> str:
     return " ".join(shlex.quote(word) for word in words)
 
 
-class PackageManager:
+class PackageManager(ABC):
     """Commands for one package manager; every value is shell-quoted."""
 
     family: str
@@ -38,26 +39,33 @@ class PackageManager:
     def __init__(self, lock_timeout: int = 300):
         self.lock_timeout = int(lock_timeout)
 
+    @abstractmethod
     def spec(self, pkg: Package) -> str:
-        raise NotImplementedError
+        """See Apt and Dnf."""
 
+    @abstractmethod
     def same_version(self, installed: str | None, wanted: str) -> bool:
-        raise NotImplementedError
+        """See Apt and Dnf."""
 
+    @abstractmethod
     def update(self) -> str:
-        raise NotImplementedError
+        """See Apt and Dnf."""
 
+    @abstractmethod
     def install(self, packages: Sequence[Package], remove: Sequence[str] = ()) -> list[str]:
-        raise NotImplementedError
+        """See Apt and Dnf."""
 
+    @abstractmethod
     def install_names(self, names: Sequence[str]) -> str:
-        raise NotImplementedError
+        """See Apt and Dnf."""
 
+    @abstractmethod
     def hold(self, packages: Sequence[Package]) -> str:
-        raise NotImplementedError
+        """See Apt and Dnf."""
 
+    @abstractmethod
     def unhold(self, names: Sequence[str]) -> str:
-        raise NotImplementedError
+        """See Apt and Dnf."""
 
 
 class Apt(PackageManager):
