@@ -35,7 +35,8 @@ def batch_script(changes: list) -> str:
     """One shell script running each change's commands in order, stopping at the first failure."""
     lines = ["exec 2>&1", "now() { date +%s.%N; }"]
     for index, change in enumerate(changes):
-        body = "\n".join(change.commands)
+        # a change that takes effect at the next boot says so the Debian way, so later runs still know
+        body = "\n".join(change.commands + (("touch /run/reboot-required",) if change.reboot else ()))
         lines += [
             f"echo \"@@gpuprov:step {index} start $(now)\"",
             f"sh -ec {shlex.quote(body)}",

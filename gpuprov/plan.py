@@ -23,8 +23,13 @@ class HostPlan:
 
     def to_dict(self) -> dict:
         return {"host": self.host.name, "stack": self.stack, "reboot_needed": self.reboot_needed,
-                "changes": [{"component": c.component, "summary": c.summary, "commands": list(c.commands),
-                             "reboot": c.reboot, "diff": c.diff} for c in self.changes]}
+                "changes": [change_dict(c) for c in self.changes]}
+
+
+def change_dict(change) -> dict:
+    """A Change as the plan table and the JSON report show it."""
+    return {"component": change.component, "summary": change.summary, "commands": list(change.commands),
+            "reboot": change.reboot, "diff": change.diff}
 
 
 def _read_local(path: str | None, inventory_dir: Path, what: str, host: str) -> str | None:

@@ -12,7 +12,7 @@ WARN_FREE_MIB = 10240
 
 @dataclass(frozen=True)
 class Check:
-    """One preflight result: status is pass, warn or fail."""
+    """One preflight result: status is pass, warn, fail or skip."""
 
     name: str
     status: str
@@ -61,11 +61,20 @@ def parse_probe(output: str) -> dict[str, str]:
     return found
 
 
-def evaluate(facts: dict, probe: dict[str, str], repo, stack: dict | None) -> list[Check]:
-    """All preflight checks for one host."""
-    checks = [_os(facts), _secure_boot(facts, stack), _nouveau(facts), _headers(facts, probe),
-              _package_manager(facts), _cloud_init(facts), _source(probe, repo), _duplicate_source(probe)]
+def evaluate(facts: dict, probe: dict[str, str] | None, repo, stack: dict | None) -> list[Check]:
+    """All preflight checks for one host. Without a probe (nothing to install) the checks that need one
+    are reported as skipped."""
+    checks = [_os(facts), _secure_boot(facts, stack), _nouveau(facts), _package_manager(facts), _cloud_init(facts)]
     checks += _disk(facts)
+    if probe is None:
+        if not facts.get("kernel_headers"):
+            checks.append(Check("kernel_headers", "skip", "not checked: nothing to install"))
+        checks += [Check(name, "skip", "not checked: nothing to install") for name in ("package_source",
+                                                                                       "duplicate_source")]
+    else:
+        checks += [_source(probe, repo), _duplicate_source(probe)]
+    if probe is not None or facts.get("kernel_headers"):
+        checks.append(_headers(facts, probe or {}))
     return checks
 
 

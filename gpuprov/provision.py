@@ -73,11 +73,9 @@ def stack_for(host, facts: dict, options: Options) -> tuple[dict, str | None]:
 def provision_host(conn, host, inventory_dir: Path, options: Options,
                    say: Callable[[str, str], None] = lambda host, what: None) -> HostRun:
     """The whole job on one connected host. Raises GpuprovError with the run so far attached."""
-    from gpuprov.apply import apply_changes
     from gpuprov.facts.gather import gather
     from gpuprov.ops import MANAGED_FILES
-    from gpuprov.plan import plan_host, repo_spec, require_supported_os
-    from gpuprov.preflight import run_preflight
+    from gpuprov.plan import plan_host, require_supported_os
     from gpuprov.stack.check import check_host
 
     run = HostRun(host.name)
@@ -86,30 +84,21 @@ def provision_host(conn, host, inventory_dir: Path, options: Options,
         run.facts_before = gather(conn, MANAGED_FILES)
         require_supported_os(host.name, run.facts_before)
         run.stack, run.lock = stack_for(host, run.facts_before, options)
-        if not options.skip_preflight:
-            say(host.name, "preflight")
-            run.preflight = run_preflight(conn, run.facts_before, repo_spec(host, run.facts_before, inventory_dir),
-                                          run.stack)
-            failed = [c for c in run.preflight if c.status == "fail"]
-            if failed:
-                raise GpuprovError("preflight failed: " + "; ".join(f"{c.name}: {c.detail}" for c in failed),
-                                   host=host.name, step="preflight",
-                                   hint="; ".join(c.remedy for c in failed if c.remedy)
-                                   + " (or rerun with --skip-preflight)")
         only = set(options.only) if options.only else None
         plan = plan_host(host, run.facts_before, run.stack, inventory_dir, only)
         run.plan = plan.to_dict()
+        if not options.skip_preflight:
+            say(host.name, "preflight")
+            _preflight(conn, host, run, inventory_dir, probe=bool(plan.changes))
         if options.dry_run:
             run.status = "planned" if plan.changes else "unchanged"
             run.reboot = "required" if plan.reboot_needed else "not needed"
             return run
+        run.facts_after = run.facts_before
         if plan.changes:
             say(host.name, f"apply {len(plan.changes)} changes")
-            run.steps = apply_changes(conn, plan.changes)
             run.status = "changed"
-            run.facts_after = gather(conn, MANAGED_FILES)
-        else:
-            run.facts_after = run.facts_before
+            _apply_and_settle(conn, host, run, plan.changes, inventory_dir, only)
         reboot_now = options.reboot == "always" and plan.changes or (
             options.reboot == "if-needed" and (plan.reboot_needed or run.facts_after.get("reboot_required")))
         if reboot_now:
@@ -117,14 +106,14 @@ def provision_host(conn, host, inventory_dir: Path, options: Options,
             reboot_and_wait(conn, options.reboot_timeout)
             run.reboot = "done"
             run.facts_after = gather(conn, MANAGED_FILES)
-            # what waits for the new driver to be loaded (services, CDI spec) is planned again now
+            # what waited for the new driver to be loaded (services, CDI spec) is planned again now
             after = plan_host(host, run.facts_after, run.stack, inventory_dir, only)
             if after.changes:
-                run.steps += apply_changes(conn, after.changes)
                 run.plan["changes"] += after.to_dict()["changes"]
-                run.facts_after = gather(conn, MANAGED_FILES)
+                _apply_and_settle(conn, host, run, after.changes, inventory_dir, only)
         run.mismatches = [m.to_dict() for m in check_host(run.facts_after, run.stack)]
-        if run.reboot != "done" and (plan.reboot_needed or _needs_reboot(run.mismatches)):
+        if run.reboot != "done" and (plan.reboot_needed or run.facts_after.get("reboot_required")
+                                     or _needs_reboot(run.mismatches)):
             run.reboot = "required"
         return run
     except GpuprovError as exc:
@@ -132,6 +121,42 @@ def provision_host(conn, host, inventory_dir: Path, options: Options,
         run.steps = getattr(exc, "steps", run.steps)
         exc.run = run
         raise
+
+
+def _preflight(conn, host, run: HostRun, inventory_dir: Path, probe: bool) -> None:
+    """Preflight from facts; the remote probe (sources, headers) only when something will be installed."""
+    from gpuprov.plan import repo_spec
+    from gpuprov.preflight import evaluate, run_preflight
+
+    repo = repo_spec(host, run.facts_before, inventory_dir)
+    if probe:
+        run.preflight = run_preflight(conn, run.facts_before, repo, run.stack)
+    else:
+        run.preflight = evaluate(run.facts_before, None, repo, run.stack)
+    failed = [c for c in run.preflight if c.status == "fail"]
+    if failed:
+        raise GpuprovError("preflight failed: " + "; ".join(f"{c.name}: {c.detail}" for c in failed),
+                           host=host.name, step="preflight",
+                           hint="; ".join(c.remedy for c in failed if c.remedy) + " (or rerun with --skip-preflight)")
+
+
+def _apply_and_settle(conn, host, run: HostRun, changes: list, inventory_dir: Path, only: set[str] | None) -> None:
+    """Apply changes, gather facts again, and apply once more what the new state makes possible
+    (services and the CDI spec once the new driver answers). Never repeats a change it just applied."""
+    from gpuprov.apply import apply_changes
+    from gpuprov.facts.gather import gather
+    from gpuprov.ops import MANAGED_FILES
+    from gpuprov.plan import change_dict, plan_host
+
+    run.steps += apply_changes(conn, changes)
+    run.facts_after = gather(conn, MANAGED_FILES)
+    applied = {(c.component, c.summary) for c in changes}
+    follow_up = [c for c in plan_host(host, run.facts_after, run.stack, inventory_dir, only).changes
+                 if (c.component, c.summary) not in applied]
+    if follow_up:
+        run.steps += apply_changes(conn, follow_up)
+        run.plan["changes"] += [change_dict(c) for c in follow_up]
+        run.facts_after = gather(conn, MANAGED_FILES)
 
 
 def _needs_reboot(mismatches: list[dict]) -> bool:

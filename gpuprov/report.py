@@ -136,7 +136,7 @@ def summary_table(title: str, rows: list[dict], columns: list[str]) -> None:
     from rich.table import Table
 
     styles = {"failed": "bold red", "changed": "yellow", "planned": "cyan", "unchanged": "green",
-              "fail": "bold red", "warn": "yellow", "pass": "green", "required": "bold yellow"}
+              "fail": "bold red", "warn": "yellow", "pass": "green", "skip": "dim", "required": "bold yellow"}
     table = Table(title=title, title_justify="left")
     for column in columns:
         table.add_column(column)

@@ -112,3 +112,16 @@ def test_parse_probe_and_mask_url():
     assert parse_probe("source=200\nheaders=known\nduplicate=/a\nduplicate=/b\n") == {
         "source": "200", "headers": "known", "duplicate": "/a /b"}
     assert mask_url("http://user:pw@proxy:3128/") == "http://***@proxy:3128/"
+
+
+def test_preflight_without_probe_skips_the_remote_checks_only():
+    checks = evaluate(_facts(secure_boot=True), None, make_repo(), make_stack())
+    got = statuses(checks)
+    assert got["package_source"] == got["duplicate_source"] == got["kernel_headers"] == "skip"
+    assert got["secure_boot"] == "fail"
+
+
+def test_a_reboot_change_leaves_the_reboot_required_mark():
+    script = batch_script([Change("driver", "install", ("true",), reboot=True), Change("pins", "hold", ("true",))])
+    step_driver, step_pins = script.split("@@gpuprov:step 1 start")
+    assert "touch /run/reboot-required" in step_driver and "reboot-required" not in step_pins
