@@ -11,7 +11,7 @@ The tools, all doing the same steps (the ones gpuprov plans, see bench/README.md
 - pyinfra: `pyinfra -y --parallel N inventory bench/peers/deploy.py`;
 - ssh: the floor, one `ssh host bash -s < script` per host, all at once; the first run's script is every
   command of gpuprov's own dry-run plan for that host, the no-op script gpuprov's checks (the facts script
-  with the managed files, then the preflight probe).
+  with the managed files).
 Wall time is from process start to exit; CPU time is user + system of the process tree the bench waits for
 (`RUSAGE_CHILDREN` deltas), on this machine (the lab hosts' own work is not in it).
 
@@ -27,7 +27,6 @@ import json
 import os
 import re
 import resource
-import shlex
 import shutil
 import subprocess
 import sys
@@ -219,24 +218,14 @@ def phase_times(report: dict) -> dict:
 
 
 def run_gpuprov(result: ToolResult, inventory_path: Path) -> None:
-    """First run from bare; then re-runs until one changes nothing (at most two more), the last one timed
-    as the no-op. The runs in between are recorded as `settle` (see bench/README.md: with --reboot never
-    the first run plans from the facts it saw before the driver was installed)."""
+    """First run from bare, then the same again timed as the no-op (it must report zero changes)."""
     result.first, _ = measured(gpuprov_argv(inventory_path))
     report = gpuprov_report()
     result.extra["first_statuses"] = sorted({h["status"] for h in report["hosts"]})
     result.extra["first_phases"] = phase_times(report)
-    result.extra["settle"] = []
-    for _ in range(3):
-        result.noop, _ = measured(gpuprov_argv(inventory_path))
-        report = gpuprov_report()
-        result.noop_changes = sum(1 for h in report["hosts"] if h["status"] != "unchanged")
-        if result.noop_changes == 0 or not result.noop.ok:
-            break
-        result.extra["settle"].append({"wall_s": round(result.noop.wall_s, 2), "cpu_s": round(result.noop.cpu_s, 2),
-                                       "hosts_changed": result.noop_changes,
-                                       "changes": sorted({c["summary"] for h in report["hosts"]
-                                                          for c in (h.get("plan") or {}).get("changes", [])})})
+    result.noop, _ = measured(gpuprov_argv(inventory_path))
+    report = gpuprov_report()
+    result.noop_changes = sum(1 for h in report["hosts"] if h["status"] != "unchanged")
 
 
 # ---------------------------------------------------------------- peers
@@ -331,8 +320,6 @@ def block(commands: list[str]) -> str:
 def run_ssh(result: ToolResult, inventory, inventory_path: Path, workdir: Path) -> None:
     from gpuprov.facts.gather import facts_command
     from gpuprov.ops import MANAGED_FILES
-    from gpuprov.plan import repo_spec
-    from gpuprov.preflight import probe_command
 
     _, report = gpuprov_planned_changes(inventory_path)   # gpuprov's own plan for these bare hosts
     first, noop = {}, {}
@@ -340,10 +327,9 @@ def run_ssh(result: ToolResult, inventory, inventory_path: Path, workdir: Path) 
         name = run["host"]
         commands = [command for change in run["plan"]["changes"] for command in change["commands"]]
         first[name] = block(commands)
-        probe, _ = probe_command(run["facts_before"], repo_spec(inventory.hosts[name], run["facts_before"],
-                                                                inventory_path.parent))
-        # the checks gpuprov's no-op run makes: the facts script, then the preflight probe
-        noop[name] = "{\n" + facts_command(MANAGED_FILES) + "\n" + probe + "\n} </dev/null\n"
+        # the checks gpuprov's no-op run makes: the facts script (the preflight probe runs only when
+        # something is to be installed)
+        noop[name] = "{\n" + facts_command(MANAGED_FILES) + "\n} </dev/null\n"
     result.first = parallel_ssh(inventory, first, Path(tempfile.mkdtemp(prefix="ssh-first-", dir=workdir)))
     result.noop = parallel_ssh(inventory, noop, Path(tempfile.mkdtemp(prefix="ssh-noop-", dir=workdir)))
 
@@ -376,9 +362,6 @@ def print_table(size: int, results: dict[str, ToolResult]) -> None:
               f"{fmt(noop_ratio, 13)} {fmt(first_ratio, 13)} {'-' if r.noop_changes is None else r.noop_changes:>9} "
               f"{'-' if r.gpuprov_view is None else ('yes' if r.gpuprov_view == 0 else f'{r.gpuprov_view} left'):>9}"
               + (f"  FAILED: {'; '.join(bad)}" if bad else ""))
-    for settle in (gp.extra.get("settle") or []) if gp else []:
-        print(f"  gpuprov settle run before its no-op (not in any ratio): {settle['wall_s']:.2f} s wall, "
-              f"{settle['cpu_s']:.2f} s CPU, {settle['hosts_changed']} host(s) changed: {'; '.join(settle['changes'])}")
 
 
 def targets(size: int, results: dict[str, ToolResult]) -> list[tuple[str, bool | None, str]]:
@@ -416,7 +399,8 @@ def main() -> int:
     parser.add_argument("--peers", default="ansible,pyinfra,ssh", help="comma list of peers (ansible,pyinfra,ssh)")
     parser.add_argument("--keep-lab", action="store_true", help="leave the last run's hosts as they are (provisioned); "
                         "without it the hosts are recreated bare at the end")
-    parser.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="virtual environment for ansible-core and pyinfra")
+    parser.add_argument("--venv", type=Path, default=DEFAULT_VENV,
+                        help="virtual environment for ansible-core and pyinfra")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
@@ -448,7 +432,8 @@ def main() -> int:
                     run_ssh(result, inventory, inventory_path, workdir)
                 result.gpuprov_view, _ = gpuprov_planned_changes(inventory_path)
                 log(f"{size} hosts: {tool}: first {result.first.wall_s:.2f} s, no-op {result.noop.wall_s:.2f} s"
-                    + ("" if result.first.ok and result.noop.ok else f"  FAILED {result.first.detail or result.noop.detail}"))
+                    + ("" if result.first.ok and result.noop.ok
+                       else f"  FAILED {result.first.detail or result.noop.detail}"))
             print_table(size, results)
     finally:
         if all_results and not args.keep_lab:

@@ -20,7 +20,7 @@ FILES = Path(__file__).with_name("files")
 SUITE = "bookworm"
 MIRROR = os.environ.get("GPUPROV_LAB_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 # Everything the host image needs is installed by debootstrap, so building the host image
-# needs no network; apt inside the hosts still works (sources.list names the Debian mirror).
+# needs no network. The hosts' sources.list names no mirror: they reach only the lab mirror.
 BASE_PACKAGES = ("systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "sudo", "iproute2",
                  "nftables", "procps", "kmod", "ca-certificates", "gnupg", "curl", "iputils-ping",
                  "netcat-openbsd", "less")

@@ -128,9 +128,13 @@ def standin_packages(stacks: list[dict], kernel: str) -> list[PackageSpec]:
                 role = _role(component, name)
                 upstream = _upstream(version) if role == "cuda_compat" else str(part["version"])
                 seen.setdefault((name, version), PackageSpec(name, version, role, upstream))
-    headers = kernel_headers_spec(kernel)
-    seen.setdefault((headers.name, headers.version), headers)
+    for spec in (kernel_headers_spec(kernel), DKMS):
+        seen.setdefault((spec.name, spec.version), spec)
     return sorted(seen.values(), key=lambda s: (s.name, s.version))
+
+
+# The lab hosts see no Debian mirror (an air-gapped site), so what the driver pulls from Debian is here too.
+DKMS = PackageSpec("dkms", "3.0.10-8+deb12u1", "dkms", "3.0.10")
 
 
 def kernel_headers_spec(kernel: str) -> PackageSpec:
@@ -276,6 +280,8 @@ def package_contents(spec: PackageSpec, gpu_table: dict, arch: str = "amd64") ->
         out.add(f"usr/src/linux-headers-{v}/Makefile", "# " + _marker(spec).replace(NOT_NVIDIA, "gpuprov lab "
                 "stand-in, not Debian's kernel headers"))
         out.links[f"lib/modules/{v}/build"] = f"/usr/src/linux-headers-{v}"
+    elif role == "dkms":
+        out.add("usr/share/doc/dkms/gpuprov-lab", "# gpuprov lab stand-in, not Debian's dkms\n")
     else:
         raise GpuprovError(f"no stand-in for role {role!r} ({spec.name})", step="lab mirror")
     return out
@@ -301,7 +307,8 @@ def _toolkit_contents(out: Contents, spec: PackageSpec, triplet: str) -> None:
 
 def control_text(spec: PackageSpec, arch: str, installed_kib: int) -> str:
     """The DEBIAN/control file of a stand-in (no Depends on any NVIDIA package)."""
-    what = "gpuprov lab stand-in, not Debian's kernel headers" if spec.role == "kernel_headers" else NOT_NVIDIA
+    what = {"kernel_headers": "gpuprov lab stand-in, not Debian's kernel headers",
+            "dkms": "gpuprov lab stand-in, not Debian's dkms"}.get(spec.role, NOT_NVIDIA)
     lines = [f"Package: {spec.name}", f"Version: {spec.version}", f"Architecture: {arch}",
              f"Maintainer: {MAINTAINER}", f"Installed-Size: {installed_kib}", "Section: misc",
              "Priority: optional"]

@@ -34,15 +34,22 @@ def flavor_of(name: str) -> str | None:
     return None
 
 
+def version_branch(version: str) -> str | None:
+    """The driver branch of a driver-versioned package's version (`595.58.03-1` -> "595"), if any."""
+    match = re.match(r"(?:\d+:)?(\d{3})\.\d+", version or "")
+    return match.group(1) if match else None
+
+
 def stale_packages(ctx: OpContext) -> tuple[str, ...]:
-    """Installed driver packages of another branch or the other kernel-module flavor."""
+    """Installed driver packages of another branch (by name, or by version for the unversioned names
+    NVIDIA uses from R590 on, such as `nvidia-open`) or of the other kernel-module flavor."""
     driver = ctx.stack["driver"]
     wanted = {p.name for p in stack_packages(ctx, "driver")}
     stale = []
-    for name in sorted(ctx.facts.get("packages") or {}):
+    for name, version in sorted((ctx.facts.get("packages") or {}).items()):
         if name in wanted or not name.startswith(_DRIVER_PREFIXES) or _NOT_DRIVER.fullmatch(name):
             continue
-        branch, flavor = branch_of(name), flavor_of(name)
+        branch, flavor = branch_of(name) or version_branch(version), flavor_of(name)
         if (branch and branch != str(driver["branch"])) or (flavor and flavor != driver["kernel_modules"]):
             stale.append(name)
     return tuple(stale)

@@ -13,13 +13,13 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="session")
 def lab():
-    """A running LabState (a matching running lab is reused); downed at the end unless
+    """A running LabState of bare hosts (recreated from the image); downed at the end unless
     GPUPROV_KEEP_LAB=1."""
     import gpuprov.lab
     from gpuprov.lab.state import LabPaths
 
     paths = LabPaths(REPO_ROOT)
-    state = gpuprov.lab.up(len(LAB_PROFILES), LAB_PROFILES, paths=paths, progress=print)
+    state = gpuprov.lab.up(len(LAB_PROFILES), LAB_PROFILES, paths=paths, progress=print, fresh=True)
     yield state
     if os.environ.get("GPUPROV_KEEP_LAB") != "1":
         gpuprov.lab.down(paths=paths)

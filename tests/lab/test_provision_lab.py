@@ -149,7 +149,7 @@ def test_inventory_value_with_metacharacters_arrives_as_data(fleet, tmp_path):
 
     def hostile_proxy(document):
         mirror = dict(document["groups"]["lab"]["vars"]["mirror"])
-        mirror["proxy"] = "http://127.0.0.1:9/$(touch /tmp/owned-proxy);reboot"
+        mirror["proxy"] = "http://127.0.0.1:9/$(touch${IFS}/tmp/owned-proxy);reboot"
         document["hosts"][name]["vars"]["mirror"] = mirror
 
     inventory = copy_inventory(state, tmp_path, edit=hostile_proxy)

@@ -97,3 +97,15 @@ def test_injected_version_in_the_stack_is_rejected():
     stack["driver"]["packages"][0]["version"] = "1;reboot"
     with pytest.raises(InputError, match="not a valid package"):
         plan(bare_facts(), stack)
+
+
+def test_unversioned_driver_package_of_another_branch_is_replaced():
+    """From R590 the driver is `nvidia-open` with no branch in its name: going back to 580 removes it."""
+    from gpuprov.ops.driver import stale_packages, version_branch
+
+    facts = bare_facts()
+    facts["packages"] = {"nvidia-open": "595.58.03-1", "nvidia-driver-pinning-595": "595.58.03-1",
+                         "nvidia-container-toolkit": "1.20.0-1"}
+    ctx = ctx_for(facts, make_stack(branch="580", version="580.173.02"))
+    assert stale_packages(ctx) == ("nvidia-driver-pinning-595", "nvidia-open")
+    assert version_branch("1:595.58.03-1") == "595" and version_branch("1.20.0-1") is None
