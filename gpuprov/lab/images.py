@@ -21,9 +21,10 @@ SUITE = "bookworm"
 MIRROR = os.environ.get("GPUPROV_LAB_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 # Everything the host image needs is installed by debootstrap, so building the host image
 # needs no network. The hosts' sources.list names no mirror: they reach only the lab mirror.
+# python3-apt: what Debian servers carry and Ansible's apt module needs (the benchmark's peer)
 BASE_PACKAGES = ("systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "sudo", "iproute2",
                  "nftables", "procps", "kmod", "ca-certificates", "gnupg", "curl", "iputils-ping",
-                 "netcat-openbsd", "less")
+                 "netcat-openbsd", "less", "python3-apt")
 HOST_CONTEXT_FILES = ("sources.list", "sshd-gpuprov-lab.conf")
 
 
