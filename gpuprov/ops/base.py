@@ -75,6 +75,11 @@ class OpContext:
         return GpuprovError(message, host=self.host, step=component, hint=hint)
 
 
+# True on the host when the installed driver answers: NVML works only when the loaded kernel module
+# matches the installed library (on a host that had no driver, nvidia-smi loads the new module itself).
+DRIVER_ANSWERS = "nvidia-smi -L >/dev/null 2>&1"
+
+
 def driver_pending(ctx: OpContext) -> bool:
     """True while the loaded kernel module is not the stack's driver (a reboot is still to come)."""
     return ctx.facts.get("loaded_driver_version") != ctx.stack["driver"]["version"]
@@ -87,8 +92,9 @@ def service_change(ctx: OpContext, component: str, service: str, state: dict | N
     if state.get("enabled") and (state.get("active") or pending):
         return None
     if pending:
-        return Change(component, f"enable {service} (it starts with the new driver after the reboot)",
-                      (f"systemctl enable {service}",))
+        return Change(component, f"enable {service} (started now if the new driver already answers, "
+                      "else with it after the reboot)",
+                      (f"systemctl enable {service}", f"if {DRIVER_ANSWERS}; then systemctl start {service}; fi"))
     return Change(component, f"enable and start {service}", (f"systemctl enable --now {service}",))
 
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from gpuprov.ops import driver
 from gpuprov.ops.base import (
+    DRIVER_ANSWERS,
     Change,
     OpContext,
     driver_pending,
@@ -85,8 +86,12 @@ def changes(ctx: OpContext) -> Iterator[Change]:
 
     # The CDI spec lists the driver's libraries by version: it is generated with the stack's driver
     # loaded (after the reboot a driver change needs), and again whenever the driver changes.
+    # When this plan installs the driver, the spec is made in the same run if the new driver already answers.
     version = ctx.stack["driver"]["version"]
     spec = ctx.file(CDI_SPEC)
+    generate = f"{DEV_CHAR_NOW} && mkdir -p /etc/cdi && nvidia-ctk cdi generate --output={q(CDI_SPEC)}"
     if not driver_pending(ctx) and (spec is None or version not in spec or driver.driver_change(ctx)):
-        yield Change(COMPONENT, f"generate the CDI spec {CDI_SPEC} for driver {version}",
-                     (DEV_CHAR_NOW, f"mkdir -p /etc/cdi && nvidia-ctk cdi generate --output={q(CDI_SPEC)}"))
+        yield Change(COMPONENT, f"generate the CDI spec {CDI_SPEC} for driver {version}", (generate,))
+    elif driver_pending(ctx) and driver.driver_change(ctx) is not None:
+        yield Change(COMPONENT, f"generate the CDI spec {CDI_SPEC} for driver {version} if it already answers "
+                     "(else on the run after the reboot)", (f"if {DRIVER_ANSWERS}; then {generate}; fi",))

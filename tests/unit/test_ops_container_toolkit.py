@@ -31,10 +31,13 @@ def test_bare_host_without_docker_installs_packages_and_the_udev_rule_only():
     assert shlex.split(changes[0].commands[-1])[-4:] == [
         "nvidia-container-toolkit=1.17.8-1", "nvidia-container-toolkit-base=1.17.8-1",
         "libnvidia-container-tools=1.17.8-1", "libnvidia-container1=1.17.8-1"]
-    assert [c.summary.split(" ")[0] for c in changes] == ["install", "create"]
+    assert [c.summary.split(" ")[0] for c in changes] == ["install", "create", "generate"]
     assert "create-dev-char-symlinks --create-all" in changes[1].diff
     assert not any("runtime configure" in cmd for c in changes for cmd in c.commands)
-    assert not any("cdi generate" in cmd for c in changes for cmd in c.commands)
+    # the driver is installed in the same plan: the spec is made at once only if the new driver answers
+    assert changes[2].commands == ("if nvidia-smi -L >/dev/null 2>&1; then nvidia-ctk system "
+                                   "create-dev-char-symlinks --create-all && mkdir -p /etc/cdi && nvidia-ctk cdi "
+                                   "generate --output=/etc/cdi/nvidia.yaml; fi",)
 
 
 def test_docker_runtime_is_merged_with_a_backup_and_docker_restarted():
@@ -71,8 +74,8 @@ def test_cdi_spec_is_generated_when_missing_or_stale_once_the_driver_is_loaded()
     facts = in_state()
     facts["files"][ctk.CDI_SPEC] = None
     [change] = plan(facts)
-    assert change.commands == ("nvidia-ctk system create-dev-char-symlinks --create-all",
-                               "mkdir -p /etc/cdi && nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml")
+    assert change.commands == ("nvidia-ctk system create-dev-char-symlinks --create-all && mkdir -p /etc/cdi && "
+                               "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml",)
     facts["files"][ctk.CDI_SPEC] = "hostPath: /usr/lib/x86_64-linux-gnu/libcuda.so.570.133.20\n"
     assert len(plan(facts)) == 1
 

@@ -17,8 +17,9 @@ def test_bare_host_installs_dcgm_with_epoch_and_enables_both_services():
     install, dcgm_service, persistenced = plan(bare_facts())
     assert shlex.split(install.commands[-1])[-2:] == ["datacenter-gpu-manager-4-core=1:4.2.3-1",
                                                       "datacenter-gpu-manager-4-cuda12=1:4.2.3-1"]
-    assert dcgm_service.commands == ("systemctl enable nvidia-dcgm",)
-    assert persistenced.commands == ("systemctl enable nvidia-persistenced",)
+    started = "if nvidia-smi -L >/dev/null 2>&1; then systemctl start {}; fi"
+    assert dcgm_service.commands == ("systemctl enable nvidia-dcgm", started.format("nvidia-dcgm"))
+    assert persistenced.commands == ("systemctl enable nvidia-persistenced", started.format("nvidia-persistenced"))
 
 
 def test_stopped_services_are_started_when_the_driver_is_loaded():

@@ -24,7 +24,8 @@ def test_no_nvswitch_no_fabric_manager():
 def test_bare_nvswitch_host_installs_fm_and_enables_it_for_the_boot(family, spec):
     install, service = plan(bare_facts(family), make_stack(family, nvswitch=True))
     assert shlex.split(install.commands[-1])[-1] == spec
-    assert service.commands == ("systemctl enable nvidia-fabricmanager",)
+    assert service.commands == ("systemctl enable nvidia-fabricmanager",
+                                "if nvidia-smi -L >/dev/null 2>&1; then systemctl start nvidia-fabricmanager; fi")
 
 
 def test_fm_is_started_when_the_stack_driver_is_loaded():
