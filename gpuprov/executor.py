@@ -6,6 +6,10 @@ command timeouts, and a failure budget (`max_fail`) after which no new host is s
 
 from __future__ import annotations
 
+import getpass
+import os
+import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -66,11 +70,33 @@ def failure_budget(max_fail: str | None, total: int) -> int:
         raise InputError(f"--max-fail must be a count like 3 or a share like 10%, got {max_fail!r}") from None
 
 
+_PASSWORDS: dict[str, str] = {}
+_PASSWORD_LOCK = threading.Lock()
+
+
+def sudo_password(host) -> str | None:
+    """The sudo password from the environment variable the inventory names, else asked once on a terminal."""
+    name = host.sudo_password_env
+    if not name:
+        return None
+    if name in os.environ:
+        return os.environ[name]
+    with _PASSWORD_LOCK:
+        if name not in _PASSWORDS:
+            if not sys.stdin.isatty():
+                raise InputError(f"the sudo password variable {name} is not set", host=host.name, step="sudo",
+                                 hint=f"export {name}=... (it is never logged), or run from a terminal to be asked")
+            _PASSWORDS[name] = getpass.getpass(f"sudo password ({name}) for {host.user}: ")
+        return _PASSWORDS[name]
+
+
 def connect(host, settings: Settings, jump=None) -> HostConnection:
-    """A HostConnection (not yet open) for a host with the run's settings."""
-    return HostConnection(host, known_hosts=settings.known_hosts, trust_new=settings.trust_new,
+    """A HostConnection (not yet open) for a host with the run's settings and its sudo password."""
+    conn = HostConnection(host, known_hosts=settings.known_hosts, trust_new=settings.trust_new,
                           connect_timeout=settings.connect_timeout, retries=settings.connect_retries,
                           command_timeout=settings.command_timeout, jump=jump)
+    conn.set_sudo_password(sudo_password(host))
+    return conn
 
 
 def run_on_hosts(hosts: list, work: Callable[[HostConnection], Any], settings: Settings, *,
@@ -88,7 +114,10 @@ def run_on_hosts(hosts: list, work: Callable[[HostConnection], Any], settings: S
 
     def one(host) -> Outcome:
         started = time.monotonic()
-        conn = connect(host, settings, jump=jump_of(host))
+        try:
+            conn = connect(host, settings, jump=jump_of(host))
+        except GpuprovError as exc:
+            return Outcome(host, error=exc, duration=time.monotonic() - started)
         try:
             conn.open()
             return Outcome(host, value=work(conn), duration=time.monotonic() - started)
