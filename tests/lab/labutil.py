@@ -21,6 +21,7 @@ def invoke(*args: str, check_code: int | None = 0, env: dict | None = None,
            timeout: int = 900) -> subprocess.CompletedProcess:
     """Run `python -m invoke ARGS` from the repository root; assert its exit code unless None."""
     proc = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL,
                           timeout=timeout, env={**os.environ, **(env or {})})
     if check_code is not None:
         assert proc.returncode == check_code, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
