@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
+_URL_CREDENTIALS = re.compile(r"(?<=://)[^/@\s\"']+@")
+
+
+def mask_credentials(text: str) -> str:
+    """Replace the user:password part of every URL (proxies, mirrors) by ***."""
+    return _URL_CREDENTIALS.sub("***@", text)
+
 
 class GpuprovError(Exception):
     """A failure on a host or in a step. Exit code 1."""
@@ -33,11 +42,12 @@ class GpuprovError(Exception):
             text += "\n  output (tail):\n    " + tail.replace("\n", "\n    ")
         if self.hint:
             text += f"\n  next: {self.hint}"
-        return text
+        return mask_credentials(text)
 
     def to_dict(self) -> dict:
-        return {"error": self.message, "host": self.host, "step": self.step,
-                "command": self.command, "output": self.output, "hint": self.hint}
+        fields = {"error": self.message, "host": self.host, "step": self.step,
+                  "command": self.command, "output": self.output, "hint": self.hint}
+        return {key: mask_credentials(value) if isinstance(value, str) else value for key, value in fields.items()}
 
 
 class InputError(GpuprovError):

@@ -118,17 +118,12 @@ def write_json_report(folder, kind: str, payload: dict):
     folder.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     path = folder / f"{kind}-{stamp}.json"
+    from gpuprov.errors import mask_credentials
+
     text = mask_credentials(json.dumps(payload, indent=2, sort_keys=True, default=str))
     path.write_text(text)
     (folder / f"{kind}-latest.json").write_text(text)
     return path
-
-
-def mask_credentials(text: str) -> str:
-    """Replace the user:password part of every URL (proxies, mirrors) by ***."""
-    import re
-
-    return re.sub(r"(?<=://)[^/@\s\"']+@", "***@", text)
 
 
 def summary_table(title: str, rows: list[dict], columns: list[str]) -> None:

@@ -41,7 +41,7 @@ def provision(c, host=None, group=None, all=False, inventory=None, dry_run=False
     import json
 
     from gpuprov.config import path_setting
-    from gpuprov.errors import InputError
+    from gpuprov.errors import InputError, mask_credentials
     from gpuprov.executor import run_on_hosts
     from gpuprov.ops import COMPONENTS
     from gpuprov.provision import REBOOT_POLICIES, Options, provision_host
@@ -66,7 +66,7 @@ def provision(c, host=None, group=None, all=False, inventory=None, dry_run=False
     report = write_json_report(path_setting(c, "reports"), "provision",
                                {"dry_run": dry_run, "reboot_policy": reboot, "hosts": runs})
     if json_:
-        print(json.dumps({"report": str(report), "hosts": runs}, indent=2, default=str))
+        print(mask_credentials(json.dumps({"report": str(report), "hosts": runs}, indent=2, default=str)))
     else:
         _print_plans(runs, dry_run)
         summary_table("provision" + (" (dry run)" if dry_run else ""), [_summary_row(r) for r in runs],

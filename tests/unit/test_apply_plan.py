@@ -125,3 +125,14 @@ def test_a_reboot_change_leaves_the_reboot_required_mark():
     script = batch_script([Change("driver", "install", ("true",), reboot=True), Change("pins", "hold", ("true",))])
     step_driver, step_pins = script.split("@@gpuprov:step 1 start")
     assert "touch /run/reboot-required" in step_driver and "reboot-required" not in step_pins
+
+
+def test_errors_never_show_url_credentials():
+    from gpuprov.errors import GpuprovError
+
+    error = GpuprovError("apt failed", host="gpu01", step="sources",
+                         command="curl --proxy http://ops:s3cret@proxy:3128 https://mirror/key",
+                         output="proxy http://ops:s3cret@proxy:3128 refused")
+    assert "s3cret" not in str(error)
+    assert "s3cret" not in str(error.to_dict())
+    assert "http://***@proxy:3128" in str(error)
