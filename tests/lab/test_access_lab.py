@@ -42,7 +42,9 @@ def sudo_user_host(lab):
     name = lab.hosts[2].name
     on_host(lab, name, "echo 'gpuadmin:right-password' | chpasswd && mv /etc/sudoers.d/gpuadmin /root/gpuadmin.sudoers")
     yield name
-    on_host(lab, name, "mv /root/gpuadmin.sudoers /etc/sudoers.d/gpuadmin")
+    on_host(lab, name, "mv /root/gpuadmin.sudoers /etc/sudoers.d/gpuadmin && rm -f "
+                       "/etc/apt/sources.list.d/gpuprov-nvidia.list /usr/share/keyrings/gpuprov-nvidia.gpg "
+                       "/etc/gpuprov/repo-key.fingerprint")
 
 
 def _as_gpuadmin(name: str):
