@@ -129,6 +129,25 @@ def test_killed_connection_mid_apply_then_rerun_converges(fleet):
     assert again["status"] == "unchanged"
 
 
+def test_mirror_down_is_a_clear_error_naming_the_url(fleet, tmp_path):
+    state, env = fleet
+    name = state.hosts[1].name
+    on_host(state, name, "apt-mark unhold libnccl-dev >/dev/null && dpkg -r libnccl-dev >/dev/null")
+    down_url = {}
+
+    def mirror_down(document):
+        mirror = dict(document["groups"]["lab"]["vars"]["mirror"])
+        mirror["url"] = down_url["url"] = mirror["url"].rstrip("/") + ":81/"  # nothing listens there
+        document["hosts"][name]["vars"]["mirror"] = mirror
+
+    inventory = copy_inventory(state, tmp_path, edit=mirror_down)
+    run = by_host(provision(env, "--host", name, inventory=inventory, check_code=1))[name]
+    assert run["status"] == "failed" and run["error"]["step"] == "preflight"
+    assert down_url["url"] in run["error"]["error"] and "unreachable" in run["error"]["error"]
+    assert "libnccl-dev" not in run["facts_before"]["packages"]
+    provision(env, "--host", name)  # the mirror as it is: converges
+
+
 def test_one_host_down_others_go_on(fleet):
     import gpuprov.lab
 
