@@ -1,0 +1,53 @@
+"""Provisioning keeps to the lock file that governs a host, and moves it only when told --update-lock."""
+
+import pytest
+
+from gpuprov.errors import InputError
+from gpuprov.inventory import Host
+from gpuprov.provision import Options, stack_for
+from gpuprov.stack.lock import load_lock, lock_path_for, write_lock
+from gpuprov.stack.resolve import resolve_for_host
+
+GPUS = [{"slot": f"0000:{i:02x}:00.0", "device_id": "2330", "description": "GH100", "model": "H100-SXM"}
+        for i in range(8)]
+FACTS = {"os": {"key": "ubuntu-22.04", "family": "debian"}, "pci_gpus": GPUS, "nvswitch_count": 4}
+
+
+def host(driver: str | None = None) -> Host:
+    stack = {"driver": driver} if driver else {}
+    return Host(name="gpu01", address="10.0.0.1", groups=("hgx",),
+                vars={"hardware": {"gpu": "H100-SXM", "count": 8, "nvswitch": True}, "stack": stack})
+
+
+@pytest.fixture
+def locked(tmp_path):
+    """A group lock written from the host's inventory as it was (driver 570)."""
+    path = tmp_path / "hgx.lock.yaml"
+    write_lock(path, resolve_for_host(host("570").vars, "ubuntu-22.04", None), {"group": "hgx"})
+    return path
+
+
+def test_the_group_lock_governs_its_hosts(tmp_path, locked):
+    assert lock_path_for(host(), tmp_path) == locked
+    stack, used = stack_for(host("570"), FACTS, Options(locks_dir=tmp_path))
+    assert used == str(locked) and stack["driver"]["branch"] == "570"
+
+
+def test_drifting_from_the_lock_is_refused_with_what_to_do(tmp_path, locked):
+    before = locked.read_text()
+    with pytest.raises(InputError, match="differs from the lock") as caught:
+        stack_for(host("580"), FACTS, Options(locks_dir=tmp_path))
+    assert "--update-lock" in caught.value.hint
+    assert locked.read_text() == before
+
+
+def test_update_lock_moves_the_lock(tmp_path, locked):
+    stack, _ = stack_for(host("580"), FACTS, Options(locks_dir=tmp_path, update_lock=True))
+    assert stack["driver"]["branch"] == "580"
+    assert load_lock(locked)["stack"]["driver"]["branch"] == "580"
+    assert load_lock(locked)["inputs"] == {"group": "hgx"}
+
+
+def test_no_lock_means_the_resolved_stack(tmp_path):
+    stack, used = stack_for(host("580"), FACTS, Options(locks_dir=tmp_path))
+    assert used is None and stack["driver"]["branch"] == "580"
