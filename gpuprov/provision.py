@@ -118,7 +118,7 @@ def provision_host(conn, host, inventory_dir: Path, options: Options,
         return run
     except GpuprovError as exc:
         run.status = "failed"
-        run.steps = getattr(exc, "steps", run.steps)
+        run.steps = run.steps + getattr(exc, "steps", [])  # the batches before, and the failed one
         exc.run = run
         raise
 
