@@ -63,14 +63,20 @@ def run_settings(c, inv, *, trust_new_hosts: bool = False, parallel: int | None 
     )
 
 
-def gather_all(c, inv, hosts, *, trust_new_hosts: bool = False, quiet: bool = False) -> dict:
-    """Facts of every host, in parallel: {name: facts} or {name: {"error": message}}."""
+def gather_outcomes(c, inv, hosts, *, trust_new_hosts: bool = False, parallel: int | None = None,
+                    quiet: bool = False) -> list:
+    """Facts of every host, in parallel, with per-host progress: one executor Outcome per host."""
     from gpuprov.executor import run_on_hosts
     from gpuprov.facts.gather import gather
     from gpuprov.ops import MANAGED_FILES
     from gpuprov.report import progress_printer
 
-    outcomes = run_on_hosts(hosts, lambda conn: gather(conn, MANAGED_FILES),
-                            run_settings(c, inv, trust_new_hosts=trust_new_hosts), jump_of=inv.jump_host,
-                            on_event=progress_printer(quiet=quiet))
+    return run_on_hosts(hosts, lambda conn: gather(conn, MANAGED_FILES),
+                        run_settings(c, inv, trust_new_hosts=trust_new_hosts, parallel=parallel),
+                        jump_of=inv.jump_host, on_event=progress_printer(quiet=quiet))
+
+
+def gather_all(c, inv, hosts, *, trust_new_hosts: bool = False, quiet: bool = False) -> dict:
+    """Facts of every host: {name: facts} or {name: {"error": message}}."""
+    outcomes = gather_outcomes(c, inv, hosts, trust_new_hosts=trust_new_hosts, quiet=quiet)
     return {o.host.name: o.value if o.ok else {"error": str(o.error)} for o in outcomes}
