@@ -1,7 +1,11 @@
 """Apply a host's plan: every change's commands in one batched SSH command, with per-step markers.
 
-The batch stops at the first failing step; the markers tell which change failed, with its output tail,
-how long each step took, and which steps had already completed.
+The batch travels on stdin (never on the command line, which every user of the host can read in
+/proc/PID/cmdline). It stops at the first failing step; the markers tell which change failed, with its output
+tail, how long each step took, and which steps had already completed. A disruptive step first checks, on
+the host, that no work runs there (unless the operator said --disrupt): a refused step ends with
+`REFUSED_RC` and the batch goes on. After the last step the batch gathers the host's facts again, so
+verification costs no extra round trip.
 """
 
 from __future__ import annotations
@@ -10,9 +14,12 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from gpuprov.busy import REFUSED_RC, guard
 from gpuprov.errors import GpuprovError
 
 STEP = re.compile(r"^@@gpuprov:step (\d+) (start|rc=(\d+)) ([\d.]+)$", re.M)
+FACTS_MARK = "@@gpuprov-batch:facts"
+REBOOT_PENDING = "/run/gpuprov/reboot-pending"
 
 
 @dataclass
@@ -26,24 +33,43 @@ class StepResult:
     duration: float
     output: str
 
+    @property
+    def status(self) -> str:
+        return {0: "done", REFUSED_RC: "refused", None: "cut off"}.get(self.rc, "failed")
+
     def to_dict(self) -> dict:
         return {"component": self.component, "summary": self.summary, "commands": self.commands,
-                "rc": self.rc, "duration_s": round(self.duration, 3), "output_tail": self.output[-2000:]}
+                "status": self.status, "rc": self.rc, "duration_s": round(self.duration, 3),
+                "output_tail": self.output[-2000:]}
 
 
-def batch_script(changes: list) -> str:
-    """One shell script running each change's commands in order, stopping at the first failure."""
+def step_body(change, disrupt: bool) -> str:
+    """A change's commands, behind the busy guard when it is disruptive; a change that takes effect at the
+    next boot records that (gpuprov's own mark, and the Debian one other tools read)."""
+    lines = list(change.commands)
+    if change.disruptive and not disrupt:
+        lines.insert(0, guard(change.disruptive))
+    if change.reboot:
+        why = shlex.quote(f"{change.component}: {change.summary}"[:300])
+        lines += [f"mkdir -p {shlex.quote(REBOOT_PENDING.rsplit('/', 1)[0])}",
+                  f"printf '%s\\n' {why} >> {shlex.quote(REBOOT_PENDING)}", "touch /run/reboot-required"]
+    return "\n".join(lines)
+
+
+def batch_script(changes: list, *, disrupt: bool = False, facts_command: str | None = None) -> str:
+    """One shell script running each change in order, stopping at the first failure (a refused step is
+    not a failure); `facts_command`, when given, runs at the end."""
     lines = ["exec 2>&1", "now() { date +%s.%N; }"]
     for index, change in enumerate(changes):
-        # a change that takes effect at the next boot says so the Debian way, so later runs still know
-        body = "\n".join(change.commands + (("touch /run/reboot-required",) if change.reboot else ()))
         lines += [
             f"echo \"@@gpuprov:step {index} start $(now)\"",
-            f"sh -ec {shlex.quote(body)}",
+            f"sh -ec {shlex.quote(step_body(change, disrupt))}",
             "rc=$?",
             f"echo \"@@gpuprov:step {index} rc=$rc $(now)\"",
-            '[ "$rc" -eq 0 ] || exit "$rc"',
+            f'[ "$rc" -eq 0 ] || [ "$rc" -eq {REFUSED_RC} ] || exit "$rc"',
         ]
+    if facts_command:
+        lines += [f"echo {FACTS_MARK}", facts_command]
     return "\n".join(lines) + "\n"
 
 
@@ -67,14 +93,18 @@ def parse_steps(changes: list, output: str) -> list[StepResult]:
     return results
 
 
-def apply_changes(conn, changes: list) -> list[StepResult]:
-    """Run the changes on the host as root; raise GpuprovError naming the failed step."""
-    if not changes:
-        return []
-    script = batch_script(changes)
-    result = conn.run(f"sh -c {shlex.quote(script)}", sudo=True)
-    steps = parse_steps(changes, result.stdout)
-    failed = next((step for step in steps if step.rc != 0), None)
+def apply_changes(conn, changes: list, *, disrupt: bool = False,
+                  managed_files: tuple[str, ...] = ()) -> tuple[list[StepResult], dict]:
+    """Run the changes on the host as root, then gather its facts in the same command.
+
+    Returns the step results and the facts after; raises GpuprovError naming the failed step."""
+    from gpuprov.facts.gather import facts_command, parse_gathered
+
+    script = batch_script(changes, disrupt=disrupt, facts_command=facts_command(managed_files))
+    result = conn.run("sh -s", sudo=True, stdin=script)
+    output, _, facts_output = result.stdout.partition(f"\n{FACTS_MARK}\n")
+    steps = parse_steps(changes, output)
+    failed = next((step for step in steps if step.status in ("failed", "cut off")), None)
     if failed is None and (result.rc != 0 or len(steps) != len(changes)):
         raise GpuprovError(f"the batch ended with exit code {result.rc} before all steps ran",
                            host=conn.host.name, step="apply", output=result.stdout + result.stderr,
@@ -87,4 +117,4 @@ def apply_changes(conn, changes: list) -> list[StepResult]:
             hint="fix the cause shown above, then rerun provision; completed steps are not repeated")
         error.steps = steps
         raise error
-    return steps
+    return steps, parse_gathered(conn, facts_output, result.stderr)

@@ -26,10 +26,28 @@ class HostPlan:
                 "changes": [change_dict(c) for c in self.changes]}
 
 
-def change_dict(change) -> dict:
-    """A Change as the plan table and the JSON report show it."""
-    return {"component": change.component, "summary": change.summary, "commands": list(change.commands),
-            "reboot": change.reboot, "diff": change.diff}
+def change_dict(change, refused: list[str] | None = None) -> dict:
+    """A Change as the plan table and the JSON report show it; `refused` lists the work that stopped it."""
+    data = {"component": change.component, "summary": change.summary, "commands": list(change.commands),
+            "reboot": change.reboot, "disruptive": change.disruptive, "diff": change.diff}
+    if refused:
+        data["refused"] = refused
+    return data
+
+
+def mark_disruptive(change):
+    """The change with `disruptive` set when it would interrupt running work: any driver package change
+    (NVML answers "Driver/library version mismatch" to new processes until the reboot), and a fabric
+    manager package change (its package scripts restart the service, which resets the NVLink fabric)."""
+    from dataclasses import replace
+
+    if change.disruptive:
+        return change
+    if change.component == "driver":
+        return replace(change, disruptive="driver change")
+    if change.component == "fabricmanager" and not change.summary.startswith("enable"):
+        return replace(change, disruptive="fabric manager restart")
+    return change
 
 
 def _read_local(path: str | None, inventory_dir: Path, what: str, host: str) -> str | None:
@@ -87,6 +105,7 @@ def plan_host(host, facts: dict, stack: dict, inventory_dir: Path, only: set[str
     from gpuprov.ops import OpContext, plan_changes
 
     require_supported_os(host.name, facts)
-    ctx = OpContext(host=host.name, facts=facts, stack=stack, repo=repo_spec(host, facts, inventory_dir))
+    ctx = OpContext(host=host.name, facts=facts, stack=stack, repo=repo_spec(host, facts, inventory_dir),
+                    host_vars=dict(host.vars))
     changes = prepare_changes(facts) if only is None else []
-    return HostPlan(host, facts, stack, changes + plan_changes(ctx, only))
+    return HostPlan(host, facts, stack, [mark_disruptive(c) for c in changes + plan_changes(ctx, only)])

@@ -1,4 +1,9 @@
-"""Provision one host: facts, stack (from its lock when there is one), preflight, plan, apply, reboot, verify."""
+"""Provision one host: facts, stack (its lock when there is one), preflight, plan, apply, reboot, verify.
+
+Facts are gathered once before, and come back with each apply batch (and once after a reboot). Work that
+runs on the host (GPU processes, containers, Slurm jobs) refuses every disruptive step unless the
+operator said --disrupt; the rest of the plan still applies.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuprov.busy import DISRUPT_FLAG, running_work, work_for
 from gpuprov.errors import GpuprovError, InputError
 
 REBOOT_POLICIES = ("never", "if-needed", "always")
@@ -22,6 +28,7 @@ class Options:
     only: frozenset[str] | None = None
     skip_preflight: bool = False
     update_lock: bool = False
+    disrupt: bool = False
     locks_dir: Path = Path("locks")
     reboot_timeout: int = 900
 
@@ -39,35 +46,66 @@ class HostRun:
     steps: list = field(default_factory=list)
     facts_after: dict | None = None
     mismatches: list = field(default_factory=list)
-    reboot: str = "not needed"           # not needed | required | done
+    reboot: str = "not needed"           # not needed | required | done | refused | required by the OS
+    reboot_detail: str = ""
+    busy: list = field(default_factory=list)
+    notices: list = field(default_factory=list)
     lock: str | None = None
 
     def to_dict(self) -> dict:
-        return {"host": self.host, "status": self.status, "reboot": self.reboot, "lock": self.lock,
-                "stack": self.stack, "preflight": [c.to_dict() for c in self.preflight], "plan": self.plan,
-                "steps": [s.to_dict() for s in self.steps], "mismatches": self.mismatches,
+        return {"host": self.host, "status": self.status, "reboot": self.reboot,
+                "reboot_detail": self.reboot_detail, "busy": self.busy, "notices": self.notices,
+                "lock": self.lock, "stack": self.stack, "preflight": [c.to_dict() for c in self.preflight],
+                "plan": self.plan, "steps": [s.to_dict() for s in self.steps], "mismatches": self.mismatches,
                 "facts_before": self.facts_before, "facts_after": self.facts_after}
 
 
-def stack_for(host, facts: dict, options: Options) -> tuple[dict, str | None]:
-    """Resolve the host's stack; when a lock governs it, refuse to drift unless told --update-lock."""
+def stack_for(host, facts: dict, options: Options) -> tuple[dict, str | None, list[str]]:
+    """The host's stack and the lock it came from, with notices for the operator.
+
+    Under a lock the locked stack is installed exactly, whatever gpuprov's data or the inventory resolve to
+    now (a difference is a notice); only --update-lock re-resolves and moves the lock."""
     from gpuprov.stack.lock import drift, load_lock, lock_path_for, write_lock
     from gpuprov.stack.resolve import resolve_for_host
 
-    resolved = resolve_for_host(host.vars, facts["os"]["key"], facts)
+    os_key = facts["os"]["key"]
     path = lock_path_for(host, options.locks_dir)
     if path is None:
-        return resolved.to_dict(), None
+        return resolve_for_host(host.vars, os_key, facts).to_dict(), None, []
     lock = load_lock(path)
-    differences = drift(lock, resolved)
-    if differences and not options.update_lock:
-        raise InputError("the resolved stack differs from the lock " + str(path) + ": " + "; ".join(differences),
+    if options.update_lock:
+        resolved = resolve_for_host(host.vars, os_key, facts)
+        if drift(lock, resolved):
+            write_lock(path, resolved, lock.get("inputs", {}))
+            return resolved.to_dict(), str(path), [f"moved the lock {path} to the resolved stack"]
+        return lock["stack"], str(path), []
+    locked = lock["stack"]
+    if locked.get("os") != os_key:
+        raise InputError(f"{path}: stack.os: the lock is for {locked.get('os')}, the host runs {os_key}",
                          host=host.name, step="lock",
-                         hint="rerun with --update-lock to move the lock (review the diff in the pull request), "
-                              "or revert the inventory change")
-    if differences:
-        write_lock(path, resolved, lock.get("inputs", {}))
-    return resolved.to_dict(), str(path)
+                         hint="give this host its own lock (invoke stack.lock --host NAME) or --update-lock")
+    try:
+        differences = drift(lock, resolve_for_host(host.vars, os_key, facts))
+    except InputError as exc:
+        return locked, str(path), [f"the inventory no longer resolves ({exc.message.splitlines()[0]}); "
+                                   f"installing the lock {path}"]
+    if not differences:
+        return locked, str(path), []
+    return locked, str(path), [f"installing the lock {path}; a newer or different stack resolves now ("
+                               + "; ".join(differences) + "): run with --update-lock to move the lock"]
+
+
+def wanted_packages(stack: dict, facts: dict) -> list:
+    """The stack's packages the host lacks at their exact version: what preflight looks up."""
+    from gpuprov.ops.pkg import Package
+
+    installed = facts.get("packages") or {}
+    wanted = {}
+    for section in ("driver", "fabricmanager", "cuda", "nccl", "container_toolkit", "dcgm"):
+        for pkg in (stack.get(section) or {}).get("packages", []):
+            if installed.get(pkg["name"]) != pkg["version"]:
+                wanted[pkg["name"]] = Package(pkg["name"], pkg["version"])
+    return list(wanted.values())
 
 
 def provision_host(conn, host, inventory_dir: Path, options: Options,
@@ -76,45 +114,44 @@ def provision_host(conn, host, inventory_dir: Path, options: Options,
     from gpuprov.facts.gather import gather
     from gpuprov.ops import MANAGED_FILES
     from gpuprov.plan import plan_host, require_supported_os
-    from gpuprov.stack.check import check_host
 
     run = HostRun(host.name)
     try:
         say(host.name, "facts")
         run.facts_before = gather(conn, MANAGED_FILES)
         require_supported_os(host.name, run.facts_before)
-        run.stack, run.lock = stack_for(host, run.facts_before, options)
+        run.stack, run.lock, run.notices = stack_for(host, run.facts_before, options)
         only = set(options.only) if options.only else None
         plan = plan_host(host, run.facts_before, run.stack, inventory_dir, only)
-        run.plan = plan.to_dict()
+        run.busy = running_work(run.facts_before)
+        allowed, refused = _split_refused(plan.changes, run.facts_before, options.disrupt)
+        run.plan = plan.to_dict() | {"changes": _plan_changes(plan.changes, refused)}
         if not options.skip_preflight:
             say(host.name, "preflight")
-            _preflight(conn, host, run, inventory_dir, probe=bool(plan.changes))
+            _preflight(conn, host, run, inventory_dir, probe=bool(allowed))
+        run.facts_after = run.facts_before
         if options.dry_run:
             run.status = "planned" if plan.changes else "unchanged"
-            run.reboot = "required" if plan.reboot_needed else "not needed"
+            _decide_reboot(run, options, applied_reboot=any(c.reboot for c in allowed))
             return run
-        run.facts_after = run.facts_before
-        if plan.changes:
-            say(host.name, f"apply {len(plan.changes)} changes")
+        if allowed:
+            say(host.name, f"apply {len(allowed)} changes")
             run.status = "changed"
-            _apply_and_settle(conn, host, run, plan.changes, inventory_dir, only)
-        reboot_now = options.reboot == "always" and plan.changes or (
-            options.reboot == "if-needed" and (plan.reboot_needed or run.facts_after.get("reboot_required")))
-        if reboot_now:
+            _apply_and_settle(conn, host, run, allowed, refused, inventory_dir, options)
+        if refused and run.status == "unchanged":
+            run.status = "refused"
+        applied_reboot = any(s.status == "done" and c.reboot for s, c in _applied(run, allowed))
+        if _decide_reboot(run, options, applied_reboot):
             say(host.name, "reboot")
             reboot_and_wait(conn, options.reboot_timeout)
             run.reboot = "done"
             run.facts_after = gather(conn, MANAGED_FILES)
             # what waited for the new driver to be loaded (services, CDI spec) is planned again now
-            after = plan_host(host, run.facts_after, run.stack, inventory_dir, only)
-            if after.changes:
-                run.plan["changes"] += after.to_dict()["changes"]
-                _apply_and_settle(conn, host, run, after.changes, inventory_dir, only)
-        run.mismatches = [m.to_dict() for m in check_host(run.facts_after, run.stack)]
-        if run.reboot != "done" and (plan.reboot_needed or run.facts_after.get("reboot_required")
-                                     or _needs_reboot(run.mismatches)):
-            run.reboot = "required"
+            after, held_back = _split_refused(plan_host(host, run.facts_after, run.stack, inventory_dir,
+                                                        only).changes, run.facts_after, options.disrupt)
+            if after:
+                _apply_and_settle(conn, host, run, after, held_back, inventory_dir, options)
+        _verify(run)
         return run
     except GpuprovError as exc:
         run.status = "failed"
@@ -123,44 +160,106 @@ def provision_host(conn, host, inventory_dir: Path, options: Options,
         raise
 
 
+def _split_refused(changes: list, facts: dict, disrupt: bool) -> tuple[list, dict]:
+    """The changes that may run now, and {change: running work} for each disruptive one refused."""
+    refused = {}
+    if not disrupt:
+        for change in changes:
+            work = work_for(change.disruptive, facts) if change.disruptive else []
+            if work:
+                refused[change] = work
+    return [c for c in changes if c not in refused], refused
+
+
+def _plan_changes(changes: list, refused: dict) -> list[dict]:
+    from gpuprov.plan import change_dict
+
+    return [change_dict(c, refused.get(c)) for c in changes]
+
+
+def _applied(run: HostRun, changes: list) -> list[tuple]:
+    """(step, change) pairs of this run's steps for `changes`."""
+    by_key = {(c.component, c.summary): c for c in changes}
+    return [(s, by_key[(s.component, s.summary)]) for s in run.steps if (s.component, s.summary) in by_key]
+
+
 def _preflight(conn, host, run: HostRun, inventory_dir: Path, probe: bool) -> None:
-    """Preflight from facts; the remote probe (sources, headers) only when something will be installed."""
+    """Preflight from facts; the remote probe (sources, versions, headers) only when something is installed."""
     from gpuprov.plan import repo_spec
     from gpuprov.preflight import evaluate, run_preflight
 
     repo = repo_spec(host, run.facts_before, inventory_dir)
     if probe:
-        run.preflight = run_preflight(conn, run.facts_before, repo, run.stack)
+        run.preflight = run_preflight(conn, run.facts_before, repo, run.stack,
+                                      wanted=wanted_packages(run.stack, run.facts_before))
     else:
         run.preflight = evaluate(run.facts_before, None, repo, run.stack)
     failed = [c for c in run.preflight if c.status == "fail"]
-    if failed:
-        raise GpuprovError("preflight failed: " + "; ".join(f"{c.name}: {c.detail}" for c in failed),
-                           host=host.name, step="preflight",
-                           hint="; ".join(c.remedy for c in failed if c.remedy) + " (or rerun with --skip-preflight)")
+    if not failed:
+        return
+    message = "preflight failed: " + "; ".join(f"{c.name}: {c.detail}" for c in failed)
+    hint = "; ".join(c.remedy for c in failed if c.remedy)
+    if run.lock and any(c.name == "package_versions" for c in failed):
+        raise InputError(f"the lock {run.lock} names packages the repository lacks: " + message, host=host.name,
+                         step="preflight", hint=hint + "; or move the lock with --update-lock")
+    raise GpuprovError(message, host=host.name, step="preflight", hint=hint + " (or rerun with --skip-preflight)")
 
 
-def _apply_and_settle(conn, host, run: HostRun, changes: list, inventory_dir: Path, only: set[str] | None) -> None:
-    """Apply changes, gather facts again, and apply once more what the new state makes possible
-    (services and the CDI spec once the new driver answers). Never repeats a change it just applied."""
+def _apply_and_settle(conn, host, run: HostRun, changes: list, refused: dict, inventory_dir: Path,
+                      options: Options) -> None:
+    """Apply changes (the facts come back with them), then apply once more what the new state plans that
+    was neither just applied nor refused (services and the CDI spec once the new driver answers)."""
     from gpuprov.apply import apply_changes
-    from gpuprov.facts.gather import gather
     from gpuprov.ops import MANAGED_FILES
     from gpuprov.plan import change_dict, plan_host
 
-    run.steps += apply_changes(conn, changes)
-    run.facts_after = gather(conn, MANAGED_FILES)
-    applied = {(c.component, c.summary) for c in changes}
-    follow_up = [c for c in plan_host(host, run.facts_after, run.stack, inventory_dir, only).changes
-                 if (c.component, c.summary) not in applied]
+    steps, run.facts_after = apply_changes(conn, changes, disrupt=options.disrupt, managed_files=MANAGED_FILES)
+    run.steps += steps
+    done = {(c.component, c.summary) for c in [*changes, *refused]}
+    only = set(options.only) if options.only else None
+    later = plan_host(host, run.facts_after, run.stack, inventory_dir, only).changes
+    follow_up, _ = _split_refused([c for c in later if (c.component, c.summary) not in done], run.facts_after,
+                                  options.disrupt)
     if follow_up:
-        run.steps += apply_changes(conn, follow_up)
+        steps, run.facts_after = apply_changes(conn, follow_up, disrupt=options.disrupt,
+                                               managed_files=MANAGED_FILES)
+        run.steps += steps
         run.plan["changes"] += [change_dict(c) for c in follow_up]
-        run.facts_after = gather(conn, MANAGED_FILES)
 
 
-def _needs_reboot(mismatches: list[dict]) -> bool:
-    return any("reboot" in (m.get("remedy") or "").lower() for m in mismatches)
+def _decide_reboot(run: HostRun, options: Options, applied_reboot: bool) -> bool:
+    """Whether to reboot now; sets run.reboot and run.reboot_detail either way.
+
+    `if-needed` reboots for this run's reboot-needing changes and for a driver swap gpuprov recorded earlier
+    (/run/gpuprov/reboot-pending); an OS-level /var/run/reboot-required alone is reported, not acted on."""
+    facts = run.facts_after or run.facts_before or {}
+    pending = list(facts.get("gpuprov_reboot_pending") or [])
+    needed = applied_reboot or bool(pending)
+    os_only = not needed and facts.get("reboot_required")
+    if os_only:
+        pkgs = ", ".join(facts.get("reboot_required_pkgs") or []) or "no package named"
+        run.reboot, run.reboot_detail = "required by the OS", f"reboot required by the OS: {pkgs}"
+    elif needed:
+        run.reboot = "required"
+        run.reboot_detail = "; ".join(pending) or "changes of this run take effect at the next boot"
+    if options.reboot == "never" or (options.reboot == "if-needed" and not needed):
+        return False
+    work = running_work(facts)
+    if work and not options.disrupt:
+        run.reboot = "refused"
+        run.reboot_detail = (f"not rebooting: work runs on the host ({'; '.join(work)}); rerun with "
+                             f"{DISRUPT_FLAG} to interrupt it")
+        return False
+    return True
+
+
+def _verify(run: HostRun) -> None:
+    """Compare the host with its stack after the run; a pending driver load keeps the reboot required."""
+    from gpuprov.stack.check import check_host
+
+    run.mismatches = [m.to_dict() for m in check_host(run.facts_after, run.stack)]
+    if run.reboot == "not needed" and any("reboot" in (m.get("remedy") or "").lower() for m in run.mismatches):
+        run.reboot = "required"
 
 
 def boot_id(conn) -> str:

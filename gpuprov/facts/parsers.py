@@ -211,6 +211,59 @@ def parse_file(text: str) -> str | None:
     return base64.b64decode(payload.replace("\n", "")).decode(errors="replace")
 
 
+def _with_rc(text: str) -> tuple[list[str], int | None]:
+    """A section's lines and the `@@rc=N` its command ended with (None: the tool is missing)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines or not lines[-1].startswith("@@rc="):
+        return lines, None
+    return lines[:-1], int(lines[-1][5:]) if lines[-1][5:].isdigit() else None
+
+
+def parse_gpu_processes(text: str) -> list[dict] | None:
+    """`nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits` lines;
+    None when nvidia-smi is missing or cannot answer."""
+    lines, rc = _with_rc(text)
+    if rc != 0:
+        return None
+    processes = []
+    for line in lines:
+        fields = [field.strip() for field in line.split(",")]
+        if len(fields) < 3:
+            continue
+        pid, memory = fields[0], fields[-1]
+        processes.append({"pid": int(pid) if pid.isdigit() else pid, "process_name": ",".join(fields[1:-1]),
+                          "used_memory_mib": int(memory) if memory.isdigit() else None})
+    return processes
+
+
+def parse_containers(text: str) -> list[dict] | None:
+    """Running containers from `docker ps --format ID\tNAME\tIMAGE`; None when Docker cannot be asked."""
+    lines, rc = _with_rc(text)
+    if rc != 0:
+        return None
+    return [dict(zip(("id", "name", "image"), line.split("\t", 2), strict=False)) for line in lines]
+
+
+def parse_lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def parse_device_users(text: str) -> list[dict]:
+    """Processes with a /dev/nvidiaN open: `PID COMM` lines."""
+    users = []
+    for line in parse_lines(text):
+        pid, _, comm = line.partition(" ")
+        if pid.isdigit():
+            users.append({"pid": int(pid), "process_name": comm})
+    return users
+
+
+def parse_slurm(text: str) -> list[str] | None:
+    """Slurm jobs on this node (`squeue -h -w NODE -o '%i %u %j'`); None without Slurm or when it fails."""
+    lines, rc = _with_rc(text)
+    return None if rc != 0 else lines
+
+
 def parse_facts(host: str, output: str) -> dict:
     """All facts of one host from the facts script's whole output (schema in docs/design.md)."""
     sec = split_sections(output)
@@ -253,6 +306,9 @@ def parse_facts(host: str, output: str) -> dict:
             "active": services.get("docker", {}).get("active", False),
             "daemon_json": daemon_json,
             "runtimes": sorted((daemon_json or {}).get("runtimes", {})),
+            "live_runtimes": _json_keys(sec.get("docker-runtimes", "")),
+            "ctk_daemon_json": parse_file("present\n" + sec["ctk-daemon-json"])
+            if sec.get("ctk-daemon-json", "").strip() else None,
         },
         "container_toolkit": first_version(sec.get("ctk", "")),
         "fabricmanager": None if not (fm_version or fm_service.get("exists")) else {
@@ -265,6 +321,14 @@ def parse_facts(host: str, output: str) -> dict:
             "enabled": services["nvidia-persistenced"]["enabled"]},
         "services": services,
         "reboot_required": sec.get("reboot-required", "").strip() == "yes",
+        "reboot_required_pkgs": parse_lines(sec.get("reboot-required-pkgs", "")),
+        "gpuprov_reboot_pending": parse_lines(sec.get("gpuprov-reboot-pending", "")),
+        "gpu_processes": parse_gpu_processes(sec.get("gpu-processes", "")),
+        "gpu_device_users": parse_device_users(sec.get("device-users", "")),
+        "containers": parse_containers(sec.get("containers", "")),
+        "slurm_jobs": parse_slurm(sec.get("slurm", "")),
+        "dkms_status": parse_lines(sec["dkms"]) if sec.get("dkms", "").strip() else None,
+        "kernels_installed": parse_lines(sec.get("kernels", "")),
         "dpkg_interrupted": bool(sec.get("dpkg-interrupted", "").strip()),
         "package_manager_busy": [line for line in sec.get("package-manager-busy", "").splitlines() if line],
         "cloud_init": cloud.group(1) if cloud else None,
@@ -283,6 +347,12 @@ def _loaded_driver(nvrm: dict | None, smi: dict | None) -> str | None:
     if smi and not smi.get("error"):
         return smi.get("driver_version")
     return None
+
+
+def _json_keys(text: str) -> list[str] | None:
+    """Sorted keys of a JSON object (`docker info --format '{{json .Runtimes}}'`); None when unreadable."""
+    value = _json_or_none(text.strip())
+    return sorted(value) if isinstance(value, dict) else None
 
 
 def _json_or_none(text: str | None):

@@ -6,6 +6,8 @@ change, so a second run changes nothing.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gpuprov.errors import InputError
 from gpuprov.ops import (
     container_toolkit,
@@ -47,7 +49,7 @@ def plan_changes(ctx: OpContext, only: set[str] | None = None) -> list[Change]:
                 commands = tuple(command for command in change.commands if command != refresh)
                 if not commands:
                     continue
-                change = Change(change.component, change.summary, commands, change.reboot, change.diff)
+                change = replace(change, commands=commands)
             refreshed = refreshed or refresh in change.commands
             planned.append(change)
     return planned

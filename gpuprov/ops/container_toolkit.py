@@ -24,7 +24,6 @@ DAEMON_JSON_BACKUP = "/etc/docker/daemon.json.gpuprov-bak"
 CDI_SPEC = "/etc/cdi/nvidia.yaml"
 DEV_CHAR_RULE = "/etc/udev/rules.d/71-gpuprov-nvidia-dev-char.rules"
 FILES = (DAEMON_JSON, CDI_SPEC, DEV_CHAR_RULE)
-NVIDIA_RUNTIME = {"args": [], "path": "nvidia-container-runtime"}
 # NVIDIA's documented fix for "Failed to initialize NVML: Unknown Error" after `systemctl daemon-reload`
 # (NVIDIA/nvidia-container-toolkit#48): recreate the /dev/char symlinks whenever the driver loads.
 DEV_CHAR_CONTENT = (
@@ -50,26 +49,47 @@ def docker_config(ctx: OpContext) -> tuple[str | None, dict]:
     return text, config
 
 
-def merged_daemon_json(config: dict) -> str:
-    """What `nvidia-ctk runtime configure --runtime=docker` writes: every key kept, runtimes.nvidia added."""
-    merged = dict(config)
-    merged["runtimes"] = {**config.get("runtimes", {}), "nvidia": NVIDIA_RUNTIME}
-    return json.dumps(merged, indent=4, sort_keys=True) + "\n"
+def configure_command() -> str:
+    """nvidia-ctk writes the runtime into a temporary copy of daemon.json (every other key kept); the step
+    prints the real diff and installs the copy only when it differs, keeping the first backup."""
+    daemon, backup, tmp = q(DAEMON_JSON), q(DAEMON_JSON_BACKUP), q(DAEMON_JSON + ".gpuprov.tmp")
+    return "\n".join([
+        "t=$(mktemp -d) && trap 'rm -rf \"$t\"' EXIT",
+        f"if [ -f {daemon} ]; then cp -a {daemon} \"$t/daemon.json\"; fi",
+        "nvidia-ctk runtime configure --runtime=docker --config=\"$t/daemon.json\"",
+        f"if [ -f {daemon} ] && cmp -s \"$t/daemon.json\" {daemon}; then echo 'daemon.json unchanged'; exit 0; fi",
+        f"diff -u \"$( [ -f {daemon} ] && echo {daemon} || echo /dev/null)\" \"$t/daemon.json\" || true",
+        f"if [ -e {daemon} ] && [ ! -e {backup} ]; then cp -a {daemon} {backup}; fi",
+        f"mkdir -p /etc/docker && cp \"$t/daemon.json\" {tmp} && chmod 0644 {tmp} && mv -f {tmp} {daemon}",
+    ])
+
+
+# The running daemon lacks the nvidia runtime: only then does a restart do anything.
+RUNTIME_MISSING = "! docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '\"nvidia\"'"
 
 
 def docker_changes(ctx: OpContext) -> Iterator[Change]:
-    if ctx.facts.get("docker") is None:
+    """The nvidia runtime in daemon.json, and a Docker restart only while the running daemon lacks it.
+
+    With containers running, the restart is disruptive unless live-restore keeps them running across it."""
+    docker = ctx.facts.get("docker")
+    if docker is None:
         return
     text, config = docker_config(ctx)
-    if "nvidia" in config.get("runtimes", {}):
-        return
-    backup = (f"if [ -e {q(DAEMON_JSON)} ] && [ ! -e {q(DAEMON_JSON_BACKUP)} ]; then "
-              f"cp -a {q(DAEMON_JSON)} {q(DAEMON_JSON_BACKUP)}; fi")
-    merged = merged_daemon_json(config)
-    yield Change(COMPONENT, f"add the nvidia runtime to Docker ({DAEMON_JSON} merged, backup "
-                 f"{DAEMON_JSON_BACKUP}) and restart Docker if it runs",
-                 (backup, "nvidia-ctk runtime configure --runtime=docker", "systemctl try-restart docker"),
-                 diff=unified_diff(DAEMON_JSON, text, merged))
+    configured = "nvidia" in config.get("runtimes", {})
+    if not configured:
+        written = docker.get("ctk_daemon_json")  # what nvidia-ctk wrote into a temporary copy at facts time
+        yield Change(COMPONENT, f"add the nvidia runtime to {DAEMON_JSON} with nvidia-ctk (other keys kept, "
+                     f"backup {DAEMON_JSON_BACKUP})" + ("" if written else "; the step prints the diff"),
+                     (configure_command(),),
+                     diff=unified_diff(DAEMON_JSON, text, written) if written is not None else None)
+    live = docker.get("live_runtimes")
+    if docker.get("active") and (not configured or (live is not None and "nvidia" not in live)):
+        keeps = config.get("live-restore") is True
+        yield Change(COMPONENT, "restart Docker to load the nvidia runtime"
+                     + (" (live-restore keeps containers running)" if keeps else ""),
+                     (f"if {RUNTIME_MISSING}; then systemctl restart docker; fi",),
+                     disruptive=None if keeps else "Docker restart")
 
 
 def changes(ctx: OpContext) -> Iterator[Change]:

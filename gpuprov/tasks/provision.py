@@ -27,7 +27,10 @@ def _exit_code(outcomes) -> int:
 @task(iterable=["host", "group"], help={
     **RUN_HELP,
     "dry_run": "show the plan and change nothing",
-    "reboot": "never | if-needed (default) | always",
+    "reboot": "never | if-needed (default: only for this run's changes or a driver swap gpuprov recorded) "
+              "| always",
+    "disrupt": "allow disruptive steps (driver change, reboot, fabric manager or Docker restart) even while "
+               "GPU processes, containers or Slurm jobs run on the host",
     "only": "comma list of components: " + "sources,kernel,driver,cuda,nccl,container_toolkit,fabricmanager,dcgm,pins",
     "skip_preflight": "provision even when a preflight check fails",
     "update_lock": "move the lock file to the newly resolved stack",
@@ -36,7 +39,7 @@ def _exit_code(outcomes) -> int:
 @exits_cleanly
 def provision(c, host=None, group=None, all=False, inventory=None, dry_run=False, parallel=None, max_fail=None,
               reboot="if-needed", only=None, skip_preflight=False, update_lock=False, trust_new_hosts=False,
-              json_=False):
+              disrupt=False, json_=False):
     """Plan and apply the resolved driver/CUDA/NCCL/toolkit/fabric manager/DCGM stack on hosts."""
     import json
 
@@ -56,7 +59,7 @@ def provision(c, host=None, group=None, all=False, inventory=None, dry_run=False
     inv, hosts = select_hosts(c, host, group, all, inventory)
     settings = run_settings(c, inv, trust_new_hosts=trust_new_hosts, parallel=parallel, max_fail=max_fail)
     options = Options(dry_run=dry_run, reboot=reboot, only=components, skip_preflight=skip_preflight,
-                      update_lock=update_lock, locks_dir=path_setting(c, "locks"))
+                      update_lock=update_lock, disrupt=disrupt, locks_dir=path_setting(c, "locks"))
     printer = progress_printer(quiet=json_)
     outcomes = run_on_hosts(
         hosts, lambda conn: provision_host(conn, conn.host, inv.path.parent, options,
@@ -88,33 +91,53 @@ def _summary_row(run: dict) -> dict:
     stack = run.get("stack") or {}
     driver = (stack.get("driver") or {}).get("version", "")
     cuda = (stack.get("cuda") or {}).get("version", "")
-    changes = len((run.get("plan") or {}).get("changes", []))
-    detail = ""
+    changes = (run.get("plan") or {}).get("changes", [])
+    refused = [c for c in changes if c.get("refused")]
+    details = []
     if run.get("error"):
-        detail = run["error"]["error"].splitlines()[0][:100]
-    elif run.get("mismatches"):
-        detail = "; ".join(m["what"] for m in run["mismatches"])[:100]
+        details.append(run["error"]["error"].splitlines()[0])
+    if refused:
+        details.append(f"{len(refused)} disruptive steps refused: work runs there (--disrupt overrides)")
+    if run.get("reboot_detail"):
+        details.append(run["reboot_detail"])
+    if run.get("mismatches"):
+        details.append("; ".join(m["what"] for m in run["mismatches"]))
+    detail = "; ".join(details)[:160]
+    changes = len(changes)
     return {"host": run["host"], "status": run["status"], "changes": changes, "reboot": run.get("reboot", ""),
             "stack": f"driver {driver} / CUDA {cuda}" if driver else "", "detail": detail}
 
 
 def _print_plans(runs: list[dict], dry_run: bool) -> None:
+    from rich.markup import escape
+
     from gpuprov.report import console
 
     out = console()
     for run in runs:
         changes = (run.get("plan") or {}).get("changes", [])
+        for notice in run.get("notices") or []:
+            out.print(f"{run['host']}: {notice}", markup=False)
+        if run.get("busy") and any(c.get("refused") for c in changes):
+            out.print(f"{run['host']}: work runs here, disruptive steps refused (--disrupt overrides):",
+                      markup=False)
+            for line in run["busy"]:
+                out.print(f"    {line}", markup=False)
         if run.get("error"):
-            out.print(f"[bold red]{run['host']}: FAILED[/] {run['error']['error']}")
+            out.print(f"[bold red]{escape(run['host'])}: FAILED[/] {escape(run['error']['error'])}")
             for key in ("step", "command", "hint"):
                 if run["error"].get(key):
                     out.print(f"  {key}: {run['error'][key]}", markup=False)
         if not changes or not dry_run:
             continue
-        out.print(f"[bold]{run['host']}[/]: {len(changes)} changes")
+        out.print(f"[bold]{escape(run['host'])}[/]: {len(changes)} changes")
         for change in changes:
-            out.print(f"  [cyan]{change['component']:>17}[/] {change['summary']}"
-                      + (" [yellow](reboot)[/]" if change["reboot"] else ""))
+            marks = (" [yellow](reboot)[/]" if change["reboot"] else "") + (
+                f" [magenta](disruptive: {escape(change['disruptive'])})[/]" if change.get("disruptive") else "") + (
+                " [red](refused: work runs here)[/]" if change.get("refused") else "")
+            out.print(f"  [cyan]{change['component']:>17}[/] ", end="")
+            out.print(change["summary"], markup=False, end="")
+            out.print(marks)
             if change.get("diff"):
                 out.print("    " + change["diff"].rstrip().replace("\n", "\n    "), markup=False)
 

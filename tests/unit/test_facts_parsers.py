@@ -162,7 +162,48 @@ def test_managed_files_round_trip_and_docker_runtimes():
     facts = parse_facts("gpu01", text)
     assert facts["files"] == {"/etc/docker/daemon.json": daemon, "/etc/apt/preferences.d/gpuprov-nvidia": None}
     assert facts["docker"] == {"version": "26.1.5", "active": True, "daemon_json": {"runtimes": {
-        "nvidia": {"path": "nvidia-container-runtime"}}}, "runtimes": ["nvidia"]}
+        "nvidia": {"path": "nvidia-container-runtime"}}}, "runtimes": ["nvidia"], "live_runtimes": None,
+        "ctk_daemon_json": None}
+
+
+def test_running_daemon_runtimes_and_what_nvidia_ctk_would_write():
+    written = '{"log-driver": "json-file", "runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}}'
+    text = _output(**{"docker": "Docker version 20.10.24+dfsg1, build 297e128",
+                      # `docker info --format '{{json .Runtimes}}'` as Docker 20.10 prints it
+                      "docker-runtimes": '{"io.containerd.runc.v2":{"path":"runc"},"runc":{"path":"runc"}}',
+                      "ctk-daemon-json": base64.b64encode(written.encode()).decode(), "end": ""})
+    docker = parse_facts("gpu01", text)["docker"]
+    assert docker["live_runtimes"] == ["io.containerd.runc.v2", "runc"]
+    assert docker["ctk_daemon_json"] == written
+
+
+def test_gpu_work_on_the_host():
+    text = _output(**{
+        # nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits
+        "gpu-processes": "12345, /usr/bin/python3, 40960\n23456, python, 512\n@@rc=0",
+        "device-users": "12345 python3\n999 nvidia-persistenced",
+        "containers": "3f2a1b\ttrainer\tnvcr.io/nvidia/pytorch:25.01-py3\n@@rc=0",
+        "slurm": "4242 alice train-llm\n@@rc=0",
+        "reboot-required": "yes", "reboot-required-pkgs": "linux-image-6.1.0-28-amd64\nlibc6",
+        "gpuprov-reboot-pending": "driver 570.148.08", "end": ""})
+    facts = parse_facts("gpu01", text)
+    assert facts["gpu_processes"] == [
+        {"pid": 12345, "process_name": "/usr/bin/python3", "used_memory_mib": 40960},
+        {"pid": 23456, "process_name": "python", "used_memory_mib": 512}]
+    assert facts["gpu_device_users"] == [{"pid": 12345, "process_name": "python3"},
+                                         {"pid": 999, "process_name": "nvidia-persistenced"}]
+    assert facts["containers"] == [{"id": "3f2a1b", "name": "trainer", "image": "nvcr.io/nvidia/pytorch:25.01-py3"}]
+    assert facts["slurm_jobs"] == ["4242 alice train-llm"]
+    assert facts["reboot_required_pkgs"] == ["linux-image-6.1.0-28-amd64", "libc6"]
+    assert facts["gpuprov_reboot_pending"] == ["driver 570.148.08"]
+
+
+def test_tools_that_cannot_answer_are_unknown_not_idle():
+    facts = parse_facts("gpu01", _output(**{"gpu-processes": "@@rc=9", "containers": "@@rc=1", "slurm": "",
+                                            "end": ""}))
+    assert facts["gpu_processes"] is None and facts["containers"] is None and facts["slurm_jobs"] is None
+    idle = parse_facts("gpu01", _output(**{"gpu-processes": "@@rc=0", "containers": "@@rc=0", "end": ""}))
+    assert idle["gpu_processes"] == [] and idle["containers"] == []
 
 
 def test_truncated_output_is_incomplete():

@@ -20,8 +20,11 @@ def in_state():
     return provisioned_facts("debian", make_stack(), make_repo())
 
 
-def with_docker(facts, daemon_json):
-    facts["docker"] = {"version": "26.1.5", "active": True, "daemon_json": None, "runtimes": []}
+def with_docker(facts, daemon_json, *, written=None, live=("runc",), active=True):
+    """Docker as facts show it: daemon.json, what nvidia-ctk wrote into a temporary copy, the running daemon's
+    runtimes (`docker info --format '{{json .Runtimes}}'`)."""
+    facts["docker"] = {"version": "26.1.5", "active": active, "daemon_json": None, "runtimes": [],
+                       "live_runtimes": list(live) if live is not None else None, "ctk_daemon_json": written}
     facts["files"][ctk.DAEMON_JSON] = daemon_json
     return facts
 
@@ -40,28 +43,56 @@ def test_bare_host_without_docker_installs_packages_and_the_udev_rule_only():
                                    "generate --output=/etc/cdi/nvidia.yaml; fi",)
 
 
-def test_docker_runtime_is_merged_with_a_backup_and_docker_restarted():
-    existing = '{"log-driver": "json-file", "runtimes": {"runsc": {"path": "/usr/bin/runsc"}}}\n'
-    [change] = plan(with_docker(in_state(), existing))
-    assert change.commands == (
-        "if [ -e /etc/docker/daemon.json ] && [ ! -e /etc/docker/daemon.json.gpuprov-bak ]; then "
-        "cp -a /etc/docker/daemon.json /etc/docker/daemon.json.gpuprov-bak; fi",
-        "nvidia-ctk runtime configure --runtime=docker",
-        "systemctl try-restart docker")
-    new = "".join(line[1:] for line in change.diff.splitlines(keepends=True)[2:] if line[0] in " +")
-    merged = json.loads(new)
-    assert merged["log-driver"] == "json-file" and merged["runtimes"]["runsc"] == {"path": "/usr/bin/runsc"}
-    assert merged["runtimes"]["nvidia"] == {"args": [], "path": "nvidia-container-runtime"}
+# What the real nvidia-ctk 1.17 writes for `runtime configure --runtime=docker` (NVIDIA's install guide:
+# "The nvidia-ctk command modifies the /etc/docker/daemon.json file on the host"), other keys kept.
+EXISTING = '{"log-driver": "json-file", "runtimes": {"runsc": {"path": "/usr/bin/runsc"}}}\n'
+WRITTEN = ('{\n    "log-driver": "json-file",\n    "runtimes": {\n        "nvidia": {\n            "args": [],\n'
+           '            "path": "nvidia-container-runtime"\n        },\n        "runsc": {\n'
+           '            "path": "/usr/bin/runsc"\n        }\n    }\n}\n')
+
+
+def test_docker_runtime_diff_is_the_file_nvidia_ctk_wrote_and_docker_restarts_when_idle():
+    configure, restart = plan(with_docker(in_state(), EXISTING, written=WRITTEN))
+    assert configure.diff.splitlines()[:2] == ["--- /etc/docker/daemon.json", "+++ /etc/docker/daemon.json"]
+    assert '+            "path": "nvidia-container-runtime"' in configure.diff.splitlines()
+    assert '-{"log-driver": "json-file", "runtimes": {"runsc": {"path": "/usr/bin/runsc"}}}' in configure.diff
+    script = configure.commands[0]
+    assert 'nvidia-ctk runtime configure --runtime=docker --config="$t/daemon.json"' in script
+    assert "cp -a /etc/docker/daemon.json /etc/docker/daemon.json.gpuprov-bak" in script
+    assert restart.disruptive == "Docker restart" and "systemctl restart docker" in restart.commands[0]
 
 
 def test_docker_without_daemon_json_is_configured_and_the_diff_shows_the_new_file():
-    [change] = plan(with_docker(in_state(), None))
-    assert change.diff.startswith("--- /dev/null")
-    assert "nvidia-ctk runtime configure --runtime=docker" in change.commands
+    configure, _ = plan(with_docker(in_state(), None, written=WRITTEN))
+    assert configure.diff.startswith("--- /dev/null")
+
+
+def test_without_nvidia_ctk_yet_the_step_prints_the_real_diff():
+    configure, _ = plan(with_docker(in_state(), EXISTING, written=None))
+    assert configure.diff is None and "the step prints the diff" in configure.summary
+
+
+def test_live_restore_makes_the_restart_safe_for_running_containers():
+    existing = '{"live-restore": true}\n'
+    _, restart = plan(with_docker(in_state(), existing, written=None))
+    assert restart.disruptive is None and "live-restore" in restart.summary
+
+
+def test_docker_not_running_is_configured_without_a_restart():
+    [configure] = plan(with_docker(in_state(), EXISTING, written=WRITTEN, active=False))
+    assert "restart" not in configure.commands[0]
+
+
+def test_configured_file_but_daemon_without_the_runtime_is_restarted():
+    configured = json.dumps({"runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}})
+    [restart] = plan(with_docker(in_state(), configured, live=["runc"]))
+    assert restart.summary.startswith("restart Docker")
 
 
 def test_docker_already_configured_changes_nothing():
-    assert plan(with_docker(in_state(), json.dumps({"runtimes": {"nvidia": ctk.NVIDIA_RUNTIME}}))) == []
+    configured = json.dumps({"runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}})
+    assert plan(with_docker(in_state(), configured, live=["nvidia", "runc"])) == []
+    assert plan(with_docker(in_state(), configured, live=None)) == []
 
 
 def test_broken_daemon_json_is_left_alone_with_a_clear_error():

@@ -1,6 +1,7 @@
 """Provisioning keeps to the lock file that governs a host, and moves it only when told --update-lock."""
 
 import pytest
+import yaml
 
 from gpuprov.errors import InputError
 from gpuprov.inventory import Host
@@ -29,25 +30,45 @@ def locked(tmp_path):
 
 def test_the_group_lock_governs_its_hosts(tmp_path, locked):
     assert lock_path_for(host(), tmp_path) == locked
-    stack, used = stack_for(host("570"), FACTS, Options(locks_dir=tmp_path))
-    assert used == str(locked) and stack["driver"]["branch"] == "570"
+    stack, used, notices = stack_for(host("570"), FACTS, Options(locks_dir=tmp_path))
+    assert used == str(locked) and stack["driver"]["branch"] == "570" and notices == []
 
 
-def test_drifting_from_the_lock_is_refused_with_what_to_do(tmp_path, locked):
+def test_a_different_resolution_installs_the_lock_and_says_so(tmp_path, locked):
     before = locked.read_text()
-    with pytest.raises(InputError, match="differs from the lock") as caught:
-        stack_for(host("580"), FACTS, Options(locks_dir=tmp_path))
-    assert "--update-lock" in caught.value.hint
+    stack, used, [notice] = stack_for(host("580"), FACTS, Options(locks_dir=tmp_path))
+    assert stack["driver"]["branch"] == "570" and used == str(locked)
+    assert "--update-lock" in notice and "580" in notice
     assert locked.read_text() == before
 
 
+def test_a_lock_written_before_the_data_moved_on_is_reproduced(tmp_path, locked):
+    """The lock holds an older point release than gpuprov's data resolves today: that release is installed."""
+    doc = yaml.safe_load(locked.read_text())
+    old = "570.86.15"  # an earlier R570 release (NVIDIA's R570 release notes)
+    current = doc["stack"]["driver"]["version"]
+    doc["stack"]["driver"]["version"] = old
+    for pkg in doc["stack"]["driver"]["packages"]:
+        pkg["version"] = pkg["version"].replace(current, old)
+    locked.write_text(yaml.safe_dump(doc))
+    stack, _, [notice] = stack_for(host("570"), FACTS, Options(locks_dir=tmp_path))
+    assert stack["driver"]["version"] == old
+    assert [p["version"].split("-")[0] for p in stack["driver"]["packages"]] == [old]
+    assert current in notice
+
+
+def test_a_lock_for_another_os_is_bad_input(tmp_path, locked):
+    with pytest.raises(InputError, match="stack.os: the lock is for ubuntu-22.04, the host runs debian-12"):
+        stack_for(host("570"), FACTS | {"os": {"key": "debian-12", "family": "debian"}}, Options(locks_dir=tmp_path))
+
+
 def test_update_lock_moves_the_lock(tmp_path, locked):
-    stack, _ = stack_for(host("580"), FACTS, Options(locks_dir=tmp_path, update_lock=True))
-    assert stack["driver"]["branch"] == "580"
+    stack, _, [notice] = stack_for(host("580"), FACTS, Options(locks_dir=tmp_path, update_lock=True))
+    assert stack["driver"]["branch"] == "580" and "moved the lock" in notice
     assert load_lock(locked)["stack"]["driver"]["branch"] == "580"
     assert load_lock(locked)["inputs"] == {"group": "hgx"}
 
 
 def test_no_lock_means_the_resolved_stack(tmp_path):
-    stack, used = stack_for(host("580"), FACTS, Options(locks_dir=tmp_path))
+    stack, used, _ = stack_for(host("580"), FACTS, Options(locks_dir=tmp_path))
     assert used is None and stack["driver"]["branch"] == "580"
