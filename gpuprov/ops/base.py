@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpuprov.errors import GpuprovError, InputError
 from gpuprov.ops.pkg import Package, PackageManager, for_family
@@ -25,6 +25,7 @@ class Change:
     commands: tuple[str, ...]
     reboot: bool = False
     diff: str | None = None
+    disruptive: str | None = None       # what running work it would interrupt ("driver change", ...)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ class OpContext:
     stack: dict
     repo: RepoSpec
     lock_timeout: int = 300
+    host_vars: dict = field(default_factory=dict)
+    host_vars: dict = field(default_factory=dict)
 
     @property
     def family(self) -> str:
