@@ -16,12 +16,22 @@ RUN_HELP = {
 
 
 def _exit_code(outcomes) -> int:
+    """0 all good; 2 every failure was bad input; 1 a host failed, or left a step or reboot refused because
+    work runs there (the host is not where the operator asked it to be)."""
     from gpuprov.errors import InputError
 
     failed = [o for o in outcomes if not o.ok]
-    if not failed:
-        return 0
-    return 2 if all(isinstance(o.error, InputError) for o in failed) else 1
+    if failed:
+        return 2 if all(isinstance(o.error, InputError) for o in failed) else 1
+    return 1 if any(_held_back(o.value) for o in outcomes) else 0
+
+
+def _held_back(run) -> bool:
+    """Whether a disruptive step or the reboot was refused (at plan time or on the host) in a real run."""
+    if run.plan is None or run.status == "planned":
+        return False
+    return (run.reboot == "refused" or any(c.get("refused") for c in run.plan["changes"])
+            or any(step.status == "refused" for step in run.steps))
 
 
 @task(iterable=["host", "group"], help={

@@ -6,6 +6,7 @@ The tests run in file order and share the hosts: bare -> dry run -> provisioned 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -109,21 +110,27 @@ def test_held_apt_lock_is_waited_out(fleet):
 
 
 def test_killed_connection_mid_apply_then_rerun_converges(fleet):
+    """The lock is held until the test lets go, so the batch is certainly inside `apt-get install` (waiting
+    for the lock) when its connection is cut: no race with a fast host."""
     state, env = fleet
     name = state.hosts[2].name
-    remove_nccl_dev_and_hold_the_lock(state, name, seconds=30)
+    remove_nccl_dev_and_hold_the_lock(state, name, seconds=3600)
     from gpuprov.lab.state import LabPaths
 
     proc = subprocess.Popen([sys.executable, "-m", "invoke", "provision", "--host", name, "--inventory",
                              str(LabPaths(ROOT).inventory)], cwd=ROOT, env={**os.environ, **env},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while "apt-get" not in on_host(state, name, "ps -eo args", check=False) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    on_host(state, name, "pkill -f 'sshd: root@notty'", check=False)  # the connection drops mid-apply
-    out, err = proc.communicate(timeout=120)
+    try:
+        deadline = time.monotonic() + 120
+        while not re.search(r"^apt-get .* install ", on_host(state, name, "ps -eo args", check=False), re.M):
+            assert time.monotonic() < deadline and proc.poll() is None, "provision never reached apt-get install"
+            time.sleep(0.3)
+        on_host(state, name, "pkill -f '^sshd: root@notty'")  # the connection drops mid-apply
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        on_host(state, name, "pkill -f fcntl.lockf", check=False)
     assert proc.returncode == 1, out + err
-    on_host(state, name, "pkill -f fcntl.lockf", check=False)
     provision(env, "--host", name)
     again = by_host(provision(env, "--host", name))[name]
     assert again["status"] == "unchanged"

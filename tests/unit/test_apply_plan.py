@@ -10,7 +10,8 @@ from gpuprov.errors import InputError
 from gpuprov.executor import failure_budget
 from gpuprov.ops import Change
 from gpuprov.plan import prepare_changes
-from gpuprov.preflight import evaluate, mask_url, parse_probe, probe_command
+from gpuprov.errors import mask_credentials
+from gpuprov.preflight import evaluate, parse_probe, probe_command
 
 
 def run_locally(script: str) -> subprocess.CompletedProcess:
@@ -108,10 +109,10 @@ def test_probe_quotes_the_url_and_sends_the_ca_on_stdin():
     assert stdin == "PEM"
 
 
-def test_parse_probe_and_mask_url():
+def test_parse_probe_and_mask_credentials():
     assert parse_probe("source=200\nheaders=known\nduplicate=/a\nduplicate=/b\n") == {
         "source": "200", "headers": "known", "duplicate": "/a /b"}
-    assert mask_url("http://user:pw@proxy:3128/") == "http://***@proxy:3128/"
+    assert mask_credentials("http://user:pw@proxy:3128/") == "http://***@proxy:3128/"
 
 
 def test_preflight_without_probe_skips_the_remote_checks_only():
