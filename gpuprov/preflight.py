@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+from gpuprov.errors import mask_credentials
 
 MIN_FREE_MIB = {"/": 5120}  # driver, CUDA toolkit and DCGM unpack to several GiB
 WARN_FREE_MIB = 10240
@@ -23,47 +27,96 @@ class Check:
         return {"name": self.name, "status": self.status, "detail": self.detail, "remedy": self.remedy}
 
 
-def probe_command(facts: dict, repo) -> tuple[str, str | None]:
-    """One read-only command that tests the package source and looks for the running kernel's headers.
+def probe_command(facts: dict, repo, wanted: Iterable = ()) -> tuple[str, str]:
+    """One read-only command: is the package source reachable, are the running kernel's headers available, which
+    versions of each wanted package does the repository hold, is the source configured twice.
 
-    Returns (command, stdin): the extra CA, when given, travels on stdin so nothing is written on the host.
+    Returns (command, stdin). The repository URL and the proxy (either may hold credentials) and the extra CA
+    travel on stdin, never on a command line: curl reads them from its config on stdin and from a here-document.
+    Nothing changes on the host; on RHEL the dnf lookup works in a temporary folder that is removed at exit.
     """
     family = facts["os"]["family"]
-    base = repo.url.rstrip("/")
-    index = f"{base}/InRelease" if family == "debian" else f"{base}/repodata/repomd.xml"
-    curl = ["curl", "-fsS", "--max-time", "15"] + (["--proxy", repo.proxy] if repo.proxy else [])
-    curl += ["--cacert", "/dev/stdin"] if repo.ca_pem else []
-    fetch = 'printf %s "$ca" | ' + " ".join(shlex.quote(word) for word in curl)
+    names = sorted({pkg.name for pkg in wanted})
     kernel = facts.get("kernel") or ""
     headers = f"linux-headers-{kernel}" if family == "debian" else f"kernel-devel-{kernel}"
-    # no package cache is written: preflight leaves the host exactly as it was
-    lookup = (f"apt-cache -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache= show {shlex.quote(headers)}"
-              " >/dev/null 2>&1" if family == "debian"
-              else f"dnf -q list --available {shlex.quote(headers)} >/dev/null 2>&1")
-    script = "\n".join([
+    index = "InRelease" if family == "debian" else "repodata/repomd.xml"
+    ca = " --cacert /dev/fd/3 3<<EOF\n$ca\nEOF" if repo.ca_pem else ""
+    script = [
+        "IFS= read -r base; IFS= read -r proxy; ca=$(cat)",
         "command -v curl >/dev/null 2>&1 || { echo 'source=nocurl'; exit 0; }",
-        "ca=$(cat)",
-        f"code=$({fetch} -o /dev/null -w '%{{http_code}}' {shlex.quote(index)} 2>/dev/null)",
-        'echo "source=$code"',
-        f"if {lookup}; then echo headers=known; "
-        f"elif [ {shlex.quote(family)} = debian ] && {fetch} {shlex.quote(base + '/Packages')} 2>/dev/null"
-        f" | grep -qx {shlex.quote('Package: ' + headers)}; then echo headers=repo; else echo headers=missing; fi",
-        f"for f in $(grep -rlsF {shlex.quote(base)} /etc/apt/sources.list /etc/apt/sources.list.d /etc/yum.repos.d);"
-        " do case $f in *gpuprov-nvidia*) ;; *) echo \"duplicate=$f\";; esac; done",
-    ])
-    return f"sh -c {shlex.quote(script)}", repo.ca_pem or ""
+        "get() {",
+        "  p=$1; shift",
+        "  { printf 'url = \"%s/%s\"\\n' \"$base\" \"$p\"",
+        "    [ -z \"$proxy\" ] || printf 'proxy = \"%s\"\\n' \"$proxy\"; } |",
+        f"    curl -fsS --connect-timeout 10 -K - \"$@\"{ca}",
+        "}",
+        f"echo \"source=$(get {index} --max-time 15 -o /dev/null -w '%{{http_code}}' 2>/dev/null)\"",
+    ]
+    if family == "debian":
+        # no package cache is written: preflight leaves the host exactly as it was
+        lookup = ("apt-cache -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache= show "
+                  f"{shlex.quote(headers)} >/dev/null 2>&1")
+        script.append("scan() { { get Packages.gz --max-time 120 | gzip -dc || get Packages --max-time 120; } "
+                      f"2>/dev/null | awk -v names={shlex.quote(' ' + ' '.join(names) + ' ')} "
+                      f"-v headers={shlex.quote(headers)} {shlex.quote(_DEB_SCAN)}; }}")
+        script.append(f"if {lookup}; then echo headers=known{'; scan' if names else ''}; else scan; fi")
+    else:
+        script.append(f"if dnf -q list --available {shlex.quote(headers)} >/dev/null 2>&1; then echo headers=known; fi")
+        if names:
+            script += _dnf_scan(names)
+    script.append(f"for f in $(grep -rlsF {shlex.quote(_without_scheme(repo.url))} /etc/apt/sources.list "
+                  "/etc/apt/sources.list.d /etc/yum.repos.d); do case $f in *gpuprov-nvidia*) ;; "
+                  "*) echo \"duplicate=$f\";; esac; done")
+    stdin = f"{repo.url.rstrip('/')}\n{repo.proxy or ''}\n{repo.ca_pem or ''}"
+    return f"sh -c {shlex.quote(chr(10).join(script))}", stdin
+
+
+# every version of each wanted package in a Debian flat repository's Packages index; the headers' name too
+_DEB_SCAN = """/^Package: / { p = $2; n++; if (p == headers) h = 1 }
+/^Version: / && index(names, " " p " ") { print "pkg=" p "=" $2 }
+END { print "index=" (n ? "ok" : "missing"); if (h) print "headers=repo" }"""
+# `dnf list` rows are NAME.ARCH EVR REPO, wrapped onto two lines when the name is long
+_DNF_SCAN = """/^(Available|Installed) Packages/ { next }
+{ for (i = 1; i <= NF; i++) t[k++] = $i }
+k >= 3 { n = t[0]; sub(/\\.[^.]*$/, "", n); print "pkg=" n "=" t[1]; k = 0 }"""
+
+
+def _dnf_scan(names: list[str]) -> list[str]:
+    """dnf against the repository alone, from a repo file and cache in a temporary folder removed at exit."""
+    return [
+        "scan() {",
+        "  d=$(mktemp -d) || { echo index=missing; return; }",
+        "  trap 'rm -rf \"$d\"' EXIT",
+        '  [ -z "$ca" ] || printf \'%s\\n\' "$ca" > "$d/ca.pem"',
+        "  { printf '[gpuprov-preflight]\\nname=gpuprov preflight\\nbaseurl=%s\\ngpgcheck=0\\n' \"$base\"",
+        "    [ -z \"$proxy\" ] || printf 'proxy=%s\\n' \"$proxy\"",
+        "    [ -z \"$ca\" ] || printf 'sslcacert=%s/ca.pem\\n' \"$d\"; } > \"$d/preflight.repo\"",
+        "  set -- -q --setopt=reposdir=\"$d\" --setopt=cachedir=\"$d/cache\" --repo=gpuprov-preflight",
+        "  if dnf \"$@\" makecache >/dev/null 2>&1; then echo index=ok; else echo index=missing; return; fi",
+        f"  dnf \"$@\" list --showduplicates --available {' '.join(shlex.quote(n) for n in names)} 2>/dev/null |",
+        f"    awk {shlex.quote(_DNF_SCAN)}",
+        "}",
+        "scan",
+    ]
+
+
+def _without_scheme(url: str) -> str:
+    """`https://user:pw@mirror/nvidia/` -> `mirror/nvidia`: what a sources entry for it contains, no secret."""
+    return re.sub(r"^[A-Za-z][A-Za-z0-9+.-]*://([^/@]*@)?", "", url).rstrip("/")
 
 
 def parse_probe(output: str) -> dict[str, str]:
+    """`key=value` lines of the probe; a key given more than once keeps every value, space-separated."""
     found: dict[str, str] = {}
-    for key, value in re.findall(r"^(source|headers|duplicate)=(\S*)$", output, re.M):
+    for key, value in re.findall(r"^(source|headers|duplicate|index|pkg)=(\S*)$", output, re.M):
         found[key] = f"{found[key]} {value}" if key in found else value
     return found
 
 
-def evaluate(facts: dict, probe: dict[str, str] | None, repo, stack: dict | None) -> list[Check]:
+def evaluate(facts: dict, probe: dict[str, str] | None, repo, stack: dict | None,
+             wanted: Iterable | None = None) -> list[Check]:
     """All preflight checks for one host. Without a probe (nothing to install) the checks that need one
-    are reported as skipped."""
+    are reported as skipped. `wanted` (objects with .name and .version) adds the package_versions check."""
     checks = [_os(facts), _secure_boot(facts, stack), _nouveau(facts), _package_manager(facts), _cloud_init(facts)]
     checks += _disk(facts)
     if probe is None:
@@ -75,6 +128,8 @@ def evaluate(facts: dict, probe: dict[str, str] | None, repo, stack: dict | None
         checks += [_source(probe, repo), _duplicate_source(probe)]
     if probe is not None or facts.get("kernel_headers"):
         checks.append(_headers(facts, probe or {}))
+    if wanted is not None:
+        checks.append(_package_versions(facts["os"]["family"], probe, list(wanted)))
     return checks
 
 
@@ -87,10 +142,14 @@ def _os(facts: dict) -> Check:
 
 
 def _secure_boot(facts: dict, stack: dict | None) -> Check:
-    if facts.get("secure_boot") is not True:
-        state = {False: "off", None: "unknown"}[facts.get("secure_boot")]
-        return Check("secure_boot", "pass", f"Secure Boot {state}")
-    installed = stack and any(facts["packages"].get(p["name"]) == p["version"] for p in stack["driver"]["packages"])
+    if facts.get("secure_boot") is None:
+        return Check("secure_boot", "warn", "Secure Boot state unknown (no SecureBoot EFI variable readable)",
+                     "find out on the host with: mokutil --sb-state; if it is enabled, the driver's DKMS modules "
+                     "must be signed with an enrolled Machine Owner Key")
+    if facts["secure_boot"] is False:
+        return Check("secure_boot", "pass", "Secure Boot off (or a BIOS boot)")
+    packages = facts.get("packages") or {}
+    installed = stack and any(packages.get(p["name"]) == p["version"] for p in stack["driver"]["packages"])
     if installed and facts.get("loaded_driver_version"):
         return Check("secure_boot", "pass", "Secure Boot on; the NVIDIA module is already loaded (signed)")
     return Check("secure_boot", "fail", "Secure Boot is on and the driver's kernel modules would be built unsigned "
@@ -109,9 +168,9 @@ def _nouveau(facts: dict) -> Check:
 def _headers(facts: dict, probe: dict[str, str]) -> Check:
     if facts.get("kernel_headers"):
         return Check("kernel_headers", "pass", f"headers for {facts.get('kernel')} installed")
-    found = probe.get("headers")
-    if found in {"known", "repo"}:
-        where = "in the configured sources" if found == "known" else "in the NVIDIA package source"
+    found = probe.get("headers", "").split()
+    if found and set(found) <= {"known", "repo"}:
+        where = "in the configured sources" if "known" in found else "in the NVIDIA package source"
         return Check("kernel_headers", "pass", f"headers for {facts.get('kernel')} available {where}")
     return Check("kernel_headers", "fail", f"no headers for the running kernel {facts.get('kernel')} "
                  "in any configured source; DKMS cannot build the driver",
@@ -138,12 +197,13 @@ def _cloud_init(facts: dict) -> Check:
 
 def _source(probe: dict[str, str], repo) -> Check:
     code = probe.get("source", "")
-    via = f" via proxy {mask_url(repo.proxy)}" if repo.proxy else ""
+    url = mask_credentials(repo.url)
+    via = f" via proxy {mask_credentials(repo.proxy)}" if repo.proxy else ""
     if code == "nocurl":
         return Check("package_source", "fail", "curl is missing on the host", "install curl, then rerun")
     if code.startswith("2"):
-        return Check("package_source", "pass", f"{repo.url} answered {code}{via}")
-    return Check("package_source", "fail", f"{repo.url} unreachable from the host{via} (HTTP {code or 'none'})",
+        return Check("package_source", "pass", f"{url} answered {code}{via}")
+    return Check("package_source", "fail", f"{url} unreachable from the host{via} (HTTP {code or 'none'})",
                  "check the mirror URL, the proxy and the CA in the inventory's mirror settings")
 
 
@@ -171,13 +231,97 @@ def _disk(facts: dict) -> list[Check]:
     return checks
 
 
-def mask_url(url: str | None) -> str | None:
-    """A URL with any user:password replaced by ***."""
-    return re.sub(r"//[^/@\s]+@", "//***@", url) if url else url
+def _package_versions(family: str, probe: dict[str, str] | None, wanted: list) -> Check:
+    """Each wanted name=version must be in the repository's index; a missing one names the nearest it has."""
+    if probe is None:
+        return Check("package_versions", "skip", "not checked: nothing to install")
+    if not wanted:
+        return Check("package_versions", "pass", "no packages to install")
+    if probe.get("index") != "ok":
+        return Check("package_versions", "warn", "the repository's package index could not be read; "
+                     "package versions not checked", "see the package_source check")
+
+    def plain(version: str) -> str:  # dnf shows a non-zero epoch, stacks leave it out (as Dnf.same_version)
+        return version.split(":", 1)[-1] if family == "rhel" else version
+
+    available: dict[str, set[str]] = {}
+    for entry in probe.get("pkg", "").split():
+        name, _, version = entry.partition("=")
+        available.setdefault(name, set()).add(plain(version))
+    missing = []
+    for pkg in wanted:
+        have = available.get(pkg.name, set())
+        if not any(compare_versions(v, plain(pkg.version)) == 0 for v in have):
+            near = nearest(plain(pkg.version), have)
+            missing.append(f"{pkg.name}={pkg.version} ({'nearest: ' + ', '.join(near) if near else 'no version'})")
+    if missing:
+        return Check("package_versions", "fail", "not in the repository: " + "; ".join(missing),
+                     "sync the mirror with NVIDIA's repository, or pin versions it carries (inventory stack vars, "
+                     "then --update-lock)")
+    return Check("package_versions", "pass", f"all {len(wanted)} packages at their exact versions in the repository")
 
 
-def run_preflight(conn, facts: dict, repo, stack: dict | None) -> list[Check]:
-    """Probe the host (one read-only command) and evaluate every check."""
-    command, stdin = probe_command(facts, repo)
-    result = conn.run(command, stdin=stdin, timeout=60)
-    return evaluate(facts, parse_probe(result.stdout), repo, stack)
+def nearest(version: str, available: Iterable[str]) -> list[str]:
+    """The available versions just below and just above `version` in Debian ordering (one each at most)."""
+    ordered = sorted(set(available), key=functools.cmp_to_key(compare_versions))
+    below = [v for v in ordered if compare_versions(v, version) < 0][-1:]
+    above = [v for v in ordered if compare_versions(v, version) > 0][:1]
+    return below + above
+
+
+def compare_versions(a: str, b: str) -> int:
+    """dpkg's version ordering (Debian Policy 5.6.12): -1, 0 or 1 as `a` is lower than, equal to or higher
+    than `b`. `[epoch:]upstream[-revision]`; the epoch compares as a number, the rest part by part."""
+    (epoch_a, up_a, rev_a), (epoch_b, up_b, rev_b) = _split_version(a), _split_version(b)
+    result = (epoch_a > epoch_b) - (epoch_a < epoch_b) or _compare_part(up_a, up_b) or _compare_part(rev_a, rev_b)
+    return (result > 0) - (result < 0)
+
+
+def _split_version(version: str) -> tuple[int, str, str]:
+    epoch, colon, rest = version.partition(":")
+    if not colon:
+        epoch, rest = "0", version
+    upstream, dash, revision = rest.rpartition("-")
+    number = int(epoch) if epoch.isascii() and epoch.isdigit() else 0
+    return (number, upstream, revision) if dash else (number, rest, "")
+
+
+_DIGITS = frozenset("0123456789")
+
+
+def _order(char: str) -> int:
+    """dpkg's weight of a non-digit: `~` below the end of the string, letters next, then everything else."""
+    if char == "~":
+        return -1
+    if not char or char in _DIGITS:
+        return 0
+    return ord(char) if char.isascii() and char.isalpha() else ord(char) + 256
+
+
+def _compare_part(a: str, b: str) -> int:
+    """dpkg's verrevcmp: alternate non-digit runs (compared by weight) and digit runs (compared as numbers)."""
+    i = j = 0
+    while i < len(a) or j < len(b):
+        while (i < len(a) and a[i] not in _DIGITS) or (j < len(b) and b[j] not in _DIGITS):
+            ac, bc = _order(a[i] if i < len(a) else ""), _order(b[j] if j < len(b) else "")
+            if ac != bc:
+                return ac - bc
+            i, j = i + 1, j + 1
+        start_i, start_j = i, j
+        while i < len(a) and a[i] in _DIGITS:
+            i += 1
+        while j < len(b) and b[j] in _DIGITS:
+            j += 1
+        diff = int(a[start_i:i] or 0) - int(b[start_j:j] or 0)
+        if diff:
+            return diff
+    return 0
+
+
+def run_preflight(conn, facts: dict, repo, stack: dict | None, wanted: Iterable | None = None) -> list[Check]:
+    """Probe the host (one read-only command) and evaluate every check; `wanted` packages (objects with .name
+    and .version, e.g. gpuprov.ops.pkg.Package) are looked up in the repository the host will use."""
+    wanted = None if wanted is None else list(wanted)
+    command, stdin = probe_command(facts, repo, wanted or ())
+    result = conn.run(command, stdin=stdin, timeout=180)
+    return evaluate(facts, parse_probe(result.stdout), repo, stack, wanted)

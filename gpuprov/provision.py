@@ -65,7 +65,7 @@ def stack_for(host, facts: dict, options: Options) -> tuple[dict, str | None, li
 
     Under a lock the locked stack is installed exactly, whatever gpuprov's data or the inventory resolve to
     now (a difference is a notice); only --update-lock re-resolves and moves the lock."""
-    from gpuprov.stack.lock import drift, load_lock, lock_path_for, write_lock
+    from gpuprov.stack.lock import drift, load_lock, lock_path_for, newer_notice, write_lock
     from gpuprov.stack.resolve import resolve_for_host
 
     os_key = facts["os"]["key"]
@@ -85,14 +85,17 @@ def stack_for(host, facts: dict, options: Options) -> tuple[dict, str | None, li
                          host=host.name, step="lock",
                          hint="give this host its own lock (invoke stack.lock --host NAME) or --update-lock")
     try:
-        differences = drift(lock, resolve_for_host(host.vars, os_key, facts))
+        resolved = resolve_for_host(host.vars, os_key, facts)
     except InputError as exc:
         return locked, str(path), [f"the inventory no longer resolves ({exc.message.splitlines()[0]}); "
                                    f"installing the lock {path}"]
+    differences = drift(lock, resolved)
     if not differences:
         return locked, str(path), []
-    return locked, str(path), [f"installing the lock {path}; a newer or different stack resolves now ("
-                               + "; ".join(differences) + "): run with --update-lock to move the lock"]
+    newer = newer_notice(lock, resolved)
+    return locked, str(path), [f"installing the lock {path}; " + (newer or (
+        "the inventory resolves a different stack now (" + "; ".join(differences)
+        + "): run with --update-lock to move the lock"))]
 
 
 def wanted_packages(stack: dict, facts: dict) -> list:
@@ -199,10 +202,25 @@ def _preflight(conn, host, run: HostRun, inventory_dir: Path, probe: bool) -> No
         return
     message = "preflight failed: " + "; ".join(f"{c.name}: {c.detail}" for c in failed)
     hint = "; ".join(c.remedy for c in failed if c.remedy)
-    if run.lock and any(c.name == "package_versions" for c in failed):
-        raise InputError(f"the lock {run.lock} names packages the repository lacks: " + message, host=host.name,
-                         step="preflight", hint=hint + "; or move the lock with --update-lock")
+    versions = next((c for c in failed if c.name == "package_versions"), None)
+    if run.lock and versions is not None:
+        raise InputError(_lock_lacks(run.lock, versions.detail, wanted_packages(run.stack, run.facts_before))
+                         + "\n" + message, host=host.name, step="preflight",
+                         hint=hint + "; or move the lock with --update-lock")
     raise GpuprovError(message, host=host.name, step="preflight", hint=hint + " (or rerun with --skip-preflight)")
+
+
+def _lock_lacks(path: str, detail: str, wanted: list) -> str:
+    """`FILE:LINE:COL: key: message` for each locked package version the repository lacks."""
+    from gpuprov.stack.lock import load_lock, locate, package_key
+
+    lock = load_lock(path)
+    lines = []
+    for pkg in wanted:
+        key = package_key(lock, pkg.name)
+        if key and f"{pkg.name}={pkg.version} " in detail:
+            lines.append(f"{locate(path, key)}: {key}: {pkg.name}={pkg.version} is not in the repository")
+    return "\n".join(lines) or f"{path}: the lock names packages the repository lacks"
 
 
 def _apply_and_settle(conn, host, run: HostRun, changes: list, refused: dict, inventory_dir: Path,

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 
 def console(stderr: bool = False):
@@ -108,22 +111,47 @@ def facts_table(outcomes) -> None:
     print(f"{len(outcomes) - failed} hosts answered, {failed} failed", file=sys.stderr)
 
 
-def write_json_report(folder, kind: str, payload: dict):
-    """Write reports/<kind>-<UTC timestamp>.json (and <kind>-latest.json); return the path."""
+def write_json_report(folder: str | Path, kind: str, payload: dict) -> Path:
+    """The project's one report writer: reports/<kind>-<UTC timestamp>.json, masked, never overwriting another
+    run's report (a second report in the same second gets -2, -3, ...); <kind>-latest.json is replaced
+    atomically. Returns the report's path."""
     import json
-    from datetime import UTC, datetime
-    from pathlib import Path
+
+    from gpuprov.errors import mask_credentials
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = folder / f"{kind}-{stamp}.json"
-    from gpuprov.errors import mask_credentials
-
     text = mask_credentials(json.dumps(payload, indent=2, sort_keys=True, default=str))
-    path.write_text(text)
-    (folder / f"{kind}-latest.json").write_text(text)
+    path = _create_new(folder, f"{kind}-{_stamp()}", text)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{kind}-latest.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, folder / f"{kind}-latest.json")
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
+
+
+def _create_new(folder: Path, base: str, text: str) -> Path:
+    """Write `text` to the first of base.json, base-2.json, ... that does not exist (O_EXCL, so two runs
+    never take the same name)."""
+    attempt = 1
+    while True:
+        path = folder / (f"{base}.json" if attempt == 1 else f"{base}-{attempt}.json")
+        try:
+            with open(path, "x", encoding="utf-8") as handle:
+                handle.write(text)
+            return path
+        except FileExistsError:
+            attempt += 1
+
+
+def _stamp() -> str:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
 def summary_table(title: str, rows: list[dict], columns: list[str]) -> None:

@@ -1,14 +1,22 @@
-"""Lock files: `locks/<name>.lock.yaml` pins every package, the NGC tag and the PyTorch wheel of a stack."""
+"""Lock files: `locks/<name>.lock.yaml` pins every package, the NGC tag and the PyTorch wheel of a stack.
+
+A lock that cannot be used raises `LockError` (exit 2) with every problem as `FILE:LINE:COL: key: message`;
+the YAML is read with the inventory's reader, so places and key paths are found the same way.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from gpuprov.errors import InputError
+from gpuprov.inventory import _Reader, _show, _type
 
 LOCK_VERSION = 1
 HEADER = """\
@@ -16,6 +24,19 @@ HEADER = """\
 # Review changes to this file like code. Provisioning installs exactly this stack and refuses to differ
 # from it unless run with --update-lock. Re-create with: invoke stack.lock --group/--host NAME
 """
+NEWER_PARTS = {"driver": "driver", "cuda": "cuda", "nccl": "nccl", "container_toolkit": "container toolkit",
+               "dcgm": "dcgm"}
+_HINT = "restore the lock from version control, or re-create it with: invoke stack.lock --group/--host NAME"
+
+
+class LockError(InputError):
+    """A lock file that cannot be used; `.errors` holds every problem as `FILE:LINE:COL: key: message`."""
+
+    def __init__(self, path: str | Path, errors: list[str]):
+        self.errors = list(errors)
+        message = self.errors[0] if len(self.errors) == 1 else (
+            f"{path}: {len(self.errors)} errors:\n  " + "\n  ".join(self.errors))
+        super().__init__(message, hint=_HINT)
 
 
 def write_lock(path: str | Path, stack, inputs: dict) -> Path:
@@ -37,30 +58,217 @@ def write_lock(path: str | Path, stack, inputs: dict) -> Path:
 
 
 def load_lock(path: str | Path) -> dict:
-    """{"lock_version", "inputs", "stack"} from a lock file; InputError naming the file when it is unusable."""
-    path = Path(path)
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"lock file {path} does not exist", hint="create it with invoke stack.lock") from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"lock file {path} is not valid YAML: {exc}", hint="restore it from version control") from None
-    if not isinstance(doc, dict) or doc.get("lock_version") != LOCK_VERSION or not isinstance(doc.get("stack"), dict):
-        raise InputError(f"lock file {path} is not a gpuprov lock (version {LOCK_VERSION})",
-                         hint="re-create it with invoke stack.lock")
+    """{"lock_version", "inputs", "stack"} from a lock file; LockError naming file, line, column and key."""
     from gpuprov.stack.resolve import Stack
 
+    reader, doc = _read(Path(path))
+    _validate(reader, doc)
+    if reader.errors:
+        raise LockError(path, [text for _, _, text in sorted(reader.errors)])
     Stack.from_dict(doc["stack"])
     doc.setdefault("inputs", {})
     return doc
 
 
+def locate(path: str | Path, key: str) -> str:
+    """`FILE:LINE:COL` of a key path such as `stack.driver.packages[0].version` (or of the nearest enclosing
+    key the file has); just `FILE` when the file cannot be read."""
+    try:
+        reader, _ = _read(Path(path))
+    except InputError:
+        return str(path)
+    line, col = reader.place(tuple(int(i) if i else k for k, i in re.findall(r"([^.\[\]]+)|\[(\d+)\]", key)))
+    return f"{path}:{line}:{col}"
+
+
+def package_key(lock: dict, name: str) -> str | None:
+    """The key path of a package's version in a loaded lock (`stack.driver.packages[0].version`), or None."""
+    stack = lock.get("stack", lock)
+    for part in _parts(stack):
+        for index, pkg in enumerate(stack[part]["packages"]):
+            if pkg["name"] == name:
+                return f"stack.{part}.packages[{index}].version"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+def _read(path: Path) -> tuple[_Reader, Any]:
+    """The document with every value's place; LockError when the file is missing or not YAML."""
+    if not path.exists():
+        raise InputError(f"lock file {path} does not exist", hint="create it with: invoke stack.lock")
+    if not path.is_file():
+        raise LockError(path, [f"{path}: not a file"])
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise LockError(path, [f"{path}: cannot read: {exc.strerror}"]) from None
+    reader = _Reader(path)
+    root = _compose(path, data)
+    if root is None:
+        raise LockError(path, [f"{path}:1:1: (file): the file is empty"])
+    return reader, reader.construct(root, (), 0)
+
+
+def _compose(path: Path, data: bytes) -> yaml.Node | None:
+    def fail(line: int, col: int, message: str) -> LockError:
+        return LockError(path, [f"{path}:{line}:{col}: (file): {message}"])
+
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise fail(line, exc.start - data.rfind(b"\n", 0, exc.start), "not UTF-8 text") from None
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = " ".join(p for p in (exc.context, exc.problem) if p) or "bad YAML"
+        raise fail(mark.line + 1 if mark else 1, mark.column + 1 if mark else 1,
+                   f"YAML syntax error: {problem}") from None
+    except yaml.reader.ReaderError as exc:
+        line = text[:exc.position].count("\n") + 1
+        raise fail(line, exc.position - text.rfind("\n", 0, exc.position),
+                   f"character {exc.character!r} is not allowed in YAML") from None
+    except yaml.YAMLError as exc:
+        raise fail(1, 1, f"YAML error: {exc}") from None
+    except RecursionError:
+        raise fail(1, 1, "the YAML is nested too deeply") from None
+
+
+# ------------------------------------------------------------------------------------------- validation
+
+class _Nullable:
+    """A value that may be null (fabricmanager on hosts without NVSwitch, an absent NGC tag)."""
+
+    def __init__(self, spec):
+        self.spec = spec
+
+
+def _string(value: Any) -> str | None:
+    if isinstance(value, str) and value.strip():
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"must be a string (quote it), not {_show(value)}"
+    return f"must be a non-empty string, not {_type(value)}"
+
+
+def _dotted(value: Any) -> str | None:
+    problem = _string(value)
+    if problem is None and not re.fullmatch(r"\d+(\.\d+)*", value):
+        return f"bad version {_show(value)}: expected digits and dots like \"570.148.08\""
+    return problem
+
+
+def _one_of(*choices: str) -> Callable[[Any], str | None]:
+    return lambda value: None if value in choices else f"must be one of {', '.join(choices)}, not {_show(value)}"
+
+
+def _boolean(value: Any) -> str | None:
+    return None if isinstance(value, bool) else f"must be true or false, not {_show(value)}"
+
+
+def _mapping(value: Any) -> str | None:
+    return None if isinstance(value, dict) else f"must be a mapping, not {_type(value)}"
+
+
+def _lock_version(value: Any) -> str | None:
+    if value == LOCK_VERSION and not isinstance(value, bool):
+        return None
+    return f"this gpuprov reads lock_version {LOCK_VERSION}, not {_show(value)}"
+
+
+def _package_word(which: str) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        from gpuprov.ops.pkg import Package
+
+        problem = _string(value)
+        if problem is not None:
+            return problem
+        try:
+            if which == "name":
+                Package(value, "0")
+            else:
+                Package("x", value)
+        except InputError:
+            return f"not a valid package {which}: {_show(value)}"
+        return None
+    return check
+
+
+def _os_key(value: Any) -> str | None:
+    from gpuprov.stack.data import OS_KEYS
+
+    return _one_of(*OS_KEYS)(value)
+
+
+_PACKAGES = [{"name": _package_word("name"), "version": _package_word("version")}]
+_PART = {"version": _dotted, "packages": _PACKAGES}
+_STACK = {
+    "gpu": {"model": _string, "arch": _string, "compute_capability": _string, "datacenter": _boolean},
+    "os": _os_key,
+    "driver": {"branch": _string, "version": _dotted, "kernel_modules": _one_of("open", "proprietary"),
+               "packages": _PACKAGES},
+    "cuda": _PART, "forward_compat": _boolean, "nccl": _PART, "container_toolkit": _PART,
+    "fabricmanager": _Nullable(_PART), "dcgm": _PART, "ngc_pytorch": _Nullable(_string),
+    "pytorch": _Nullable({"version": _string, "wheel": _string}),
+    "nscq": _Nullable(_PART), "nvlsm": _Nullable(_PART),
+}
+_LOCK = {"lock_version": _lock_version, "inputs": _mapping, "stack": _STACK}
+# absent from older locks: inputs, and the NVSwitch sections added after the first locks were written
+_OPTIONAL = {("inputs",), ("stack", "nscq"), ("stack", "nvlsm")}
+
+
+def _validate(reader: _Reader, doc: Any) -> None:
+    """Record every problem of a lock document at its place: unknown YAML tags, then the shape."""
+    for path, tag in reader.tagged.items():
+        reader.error(path, f"unsupported YAML tag {tag!r}: a lock holds plain values only")
+    if not isinstance(doc, dict):
+        reader.error((), f"must be a mapping with lock_version, inputs and stack, not {_type(doc)}")
+        return
+    for key in doc.keys() - _LOCK.keys():
+        reader.error((key,), "unknown key; a lock has lock_version, inputs and stack", at_key=True)
+    _walk(reader, doc, _LOCK, ())
+
+
+def _walk(reader: _Reader, value: Any, spec, path: tuple) -> None:
+    """Check `value` against `spec`: a mapping of required keys, a one-item list (a non-empty list of such
+    items), a nullable spec or a leaf check returning a message."""
+    if path in reader.tagged:
+        return
+    if isinstance(spec, _Nullable):
+        if value is None:
+            return
+        spec = spec.spec
+    if isinstance(spec, dict):
+        if not isinstance(value, dict):
+            reader.error(path, f"must be a mapping, not {_type(value)}")
+            return
+        for key, sub in spec.items():
+            if key in value:
+                _walk(reader, value[key], sub, (*path, key))
+            elif (*path, key) not in _OPTIONAL:
+                reader.error((*path, key), "missing")
+    elif isinstance(spec, list):
+        if not isinstance(value, list):
+            reader.error(path, f"must be a list, not {_type(value)}")
+        elif not value:
+            reader.error(path, "must not be empty")
+        for index, item in enumerate(value if isinstance(value, list) else []):
+            _walk(reader, item, spec[0], (*path, index))
+    elif (problem := spec(value)) is not None:
+        reader.error(path, problem)
+
+
+# ------------------------------------------------------------------------------------------- semantics
+
+def _parts(stack: dict) -> list[str]:
+    """The stack's sections that list packages (driver, cuda, ...), in the stack's order."""
+    return [key for key, part in stack.items() if isinstance(part, dict) and "packages" in part]
+
+
 def _flat(stack: dict) -> dict[str, str]:
-    out = {}
-    for part in ("driver", "fabricmanager", "cuda", "nccl", "container_toolkit", "dcgm"):
-        for pkg in (stack.get(part) or {}).get("packages", []):
-            out[pkg["name"]] = pkg["version"]
-    return out
+    return {pkg["name"]: pkg["version"] for part in _parts(stack) for pkg in stack[part]["packages"]}
 
 
 def drift(lock: dict, stack) -> list[str]:
@@ -76,7 +284,7 @@ def drift(lock: dict, stack) -> list[str]:
     for key in ("os", "forward_compat", "ngc_pytorch", "pytorch"):
         if locked.get(key) != new.get(key):
             out.append(f"{key}: lock {locked.get(key)} -> now {new.get(key)}")
-    for part in ("driver", "cuda", "nccl", "container_toolkit", "dcgm", "fabricmanager"):
+    for part in dict.fromkeys([*_parts(locked), *_parts(new)]):
         a, b = (locked.get(part) or {}), (new.get(part) or {})
         if a.get("version") != b.get("version"):
             out.append(f"{part} version: lock {a.get('version')} -> now {b.get('version')}")
@@ -84,6 +292,19 @@ def drift(lock: dict, stack) -> list[str]:
         out.append(f"kernel modules: lock {locked['driver'].get('kernel_modules')} -> now "
                    f"{new['driver'].get('kernel_modules')}")
     return out
+
+
+def newer_notice(lock: dict, resolved) -> str | None:
+    """One line naming each component whose newly resolved version is higher than the lock's, or None."""
+    from gpuprov.stack.data import vkey
+
+    locked = lock.get("stack", lock)
+    new = resolved.to_dict() if hasattr(resolved, "to_dict") else resolved
+    newer = [f"{label} {locked[part]['version']} -> {new[part]['version']}" for part, label in NEWER_PARTS.items()
+             if vkey(new[part]["version"]) > vkey(locked[part]["version"])]
+    if not newer:
+        return None
+    return f"a newer stack exists: {', '.join(newer)}; run with --update-lock to move the lock"
 
 
 def lock_path_for(host, locks_dir: Path) -> Path | None:

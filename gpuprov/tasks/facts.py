@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import json
 
-from invoke import task
 from invoke.exceptions import Exit
 
-from gpuprov.tasks._common import HOST_HELP, exits_cleanly, gather_outcomes, select_hosts
+from gpuprov.tasks._common import gather_outcomes, host_task, select_hosts
 
 
-@task(iterable=["host", "group"], help={**HOST_HELP, "json": "print the facts as JSON",
-                                        "trust_new_hosts": "record unknown host keys (trust on first use)",
-                                        "parallel": "hosts gathered at once"})
-@exits_cleanly
+@host_task(help={"json": "print the facts as JSON"})
 def facts(c, host=None, group=None, all=False, inventory=None, json_=False, trust_new_hosts=False,
           parallel=None):
     """Gather facts from hosts: OS, kernel, GPUs, driver, packages, holds, services, Docker."""

@@ -10,7 +10,7 @@ from invoke.exceptions import Exit
 
 from gpuprov.config import path_setting
 from gpuprov.errors import InputError
-from gpuprov.tasks._common import HOST_HELP, exits_cleanly, gather_all, select_hosts
+from gpuprov.tasks._common import gather_all, host_task, parallel_setting, select_hosts, split_names
 
 _RESOLVE_HELP = {
     "gpu": "GPU model: catalog name, alias or nvidia-smi name (e.g. H100-SXM)",
@@ -140,70 +140,84 @@ def matrix(c, component=None):
         console.print(table)
 
 
-@task(help={"host": HOST_HELP["host"], "group": HOST_HELP["group"], "inventory": HOST_HELP["inventory"],
-            "os": "OS key of the hosts (default: gathered from the hosts over SSH)"},
-      iterable=["host", "group"])
-@exits_cleanly
-def lock(c, host=None, group=None, inventory=None, os=None):
-    """Resolve from inventory vars (hardware/stack) and write locks/<group or host>.lock.yaml."""
+@host_task(help={"os": "OS key of the hosts (default: gathered from the hosts over SSH)"})
+def lock(c, host=None, group=None, all=False, inventory=None, os=None, parallel=None, trust_new_hosts=False):
+    """Write lock files resolved from inventory vars (hardware/stack): one per --group, --host, or host (--all).
+
+    locks/GROUP.lock.yaml for each --group (all its hosts must resolve to one stack), locks/HOST.lock.yaml for
+    each --host, one per host with --all. Nothing is written unless every lock resolves.
+    """
+    from gpuprov.errors import GpuprovError
     from gpuprov.stack.lock import write_lock
     from gpuprov.stack.resolve import check_os, resolve_for_host
 
-    names = group or host or []
-    if bool(host) == bool(group) or len(names) != 1:
-        raise InputError("give exactly one --group or one --host", step="stack.lock")
-    inv, hosts = select_hosts(c, host, group, False, inventory)
-    if not hosts:
-        raise InputError(f"no hosts in {names[0]}", step="stack.lock")
-    facts = {}
-    if os is None:
-        facts = gather_all(c, inv, hosts)
-    else:
+    parallel_setting(c, parallel)
+    inv, hosts = select_hosts(c, host, group, all, inventory)
+    targets = _lock_targets(inv, hosts, split_names(group), split_names(host), all)
+    if os is not None:
         check_os(os)
+        facts = {}
+    else:
+        facts = gather_all(c, inv, hosts, trust_new_hosts=trust_new_hosts, parallel=parallel)
     stacks = {}
     for h in hosts:
-        host_facts = facts.get(h.name) if isinstance(facts.get(h.name), dict) and "os" in facts[h.name] else None
-        if os is None and host_facts is None:
-            raise InputError(f"no facts from {h.name}: {facts.get(h.name)}", host=h.name, step="stack.lock",
-                             hint="fix the connection, or give --os to lock from the inventory alone")
+        host_facts = facts.get(h.name)
+        if os is None and not (isinstance(host_facts, dict) and "os" in host_facts):
+            raise GpuprovError(f"no facts: {(host_facts or {}).get('error')}", host=h.name, step="stack.lock",
+                               hint="fix the connection, or give --os to lock from the inventory alone")
         stacks[h.name] = resolve_for_host(h.vars, os, host_facts)
-    if len({json.dumps(s.to_dict(), sort_keys=True) for s in stacks.values()}) > 1:
-        raise InputError(f"hosts of {names[0]} resolve to different stacks ({', '.join(stacks)}); lock them "
-                         "per host or give them the same hardware/stack vars", step="stack.lock")
-    stack = next(iter(stacks.values()))
-    path = path_setting(c, "locks") / f"{names[0]}.lock.yaml"
-    write_lock(path, stack, stack.inputs)
-    print(f"wrote {path} (driver {stack.driver['version']}, CUDA {stack.cuda['version']}, "
-          f"NCCL {stack.nccl['version']})")
+    for name, members in targets.items():
+        if len({json.dumps(stacks[m].to_dict(), sort_keys=True) for m in members}) > 1:
+            raise InputError(f"hosts of {name} resolve to different stacks ({', '.join(members)}); lock them "
+                             "per host or give them the same hardware/stack vars", step="stack.lock")
+    for name, members in targets.items():
+        stack = stacks[members[0]]
+        path = write_lock(path_setting(c, "locks") / f"{name}.lock.yaml", stack, stack.inputs)
+        print(f"wrote {path} (driver {stack.driver['version']}, CUDA {stack.cuda['version']}, "
+              f"NCCL {stack.nccl['version']})")
 
 
-@task(help={"host": HOST_HELP["host"], "inventory": HOST_HELP["inventory"], "json": "print JSON"},
-      iterable=["host"])
-@exits_cleanly
-def check(c, host=None, inventory=None, json_=False):
-    """Compare a host with its stack (lock file, else resolved) and print each mismatch with its remedy."""
+def _lock_targets(inv, hosts, groups: list[str], names: list[str], all_: bool) -> dict[str, list[str]]:
+    """{lock name: member host names}: one per group named, one per host named (every host with --all)."""
+    targets: dict[str, list[str]] = {}
+    for name in groups:
+        targets[name] = [h.name for h in hosts if h.name in inv.groups[name].hosts]
+        if not targets[name]:
+            raise InputError(f"group {name} has no hosts to lock", step="stack.lock")
+    for name in [h.name for h in hosts] if all_ else names:
+        if name in targets:
+            raise InputError(f"{name} names both a group and a host; both would write locks/{name}.lock.yaml",
+                             step="stack.lock", hint="lock one of them at a time")
+        targets[name] = [name]
+    return targets
+
+
+@host_task(help={"json": "print JSON"})
+def check(c, host=None, group=None, all=False, inventory=None, json_=False, parallel=None, trust_new_hosts=False):
+    """Compare hosts with their stack (lock file, else resolved) and print each mismatch with its remedy."""
     from gpuprov.stack.check import check_host
     from gpuprov.stack.lock import load_lock, lock_path_for
     from gpuprov.stack.resolve import resolve_for_host
 
-    inv, hosts = select_hosts(c, host, None, False, inventory)
-    if not hosts:
-        raise InputError("no hosts selected: give --host NAME", step="stack.check")
-    gathered = gather_all(c, inv, hosts, quiet=json_)
+    parallel_setting(c, parallel)
+    inv, hosts = select_hosts(c, host, group, all, inventory)
+    locks = {}
+    for h in hosts:  # a bad lock is bad input: found before any host is touched
+        lock_path = lock_path_for(h, path_setting(c, "locks"))
+        if lock_path is not None:
+            locks[h.name] = load_lock(lock_path)["stack"]
+    gathered = gather_all(c, inv, hosts, trust_new_hosts=trust_new_hosts, parallel=parallel, quiet=json_)
     report, failed = {}, False
     for h in hosts:
-        name = h.name
-        facts = gathered.get(name)
+        facts = gathered.get(h.name)
         if not isinstance(facts, dict) or "error" in facts and "os" not in facts:
-            report[name] = {"error": str(facts.get("error") if isinstance(facts, dict) else facts)}
+            report[h.name] = {"error": str(facts.get("error") if isinstance(facts, dict) else facts)}
             failed = True
             continue
-        lock_path = lock_path_for(h, path_setting(c, "locks"))
-        stack = (load_lock(lock_path)["stack"] if lock_path is not None
-                 else resolve_for_host(h.vars, None, facts).to_dict())
+        stack = locks.get(h.name) or resolve_for_host(h.vars, None, facts).to_dict()
         mismatches = check_host(facts, stack)
         failed = failed or bool(mismatches)
-        report[name] = {"mismatches": [m.to_dict() for m in mismatches]}
+        report[h.name] = {"mismatches": [m.to_dict() for m in mismatches]}
     if json_:
         print(json.dumps(report))
     else:

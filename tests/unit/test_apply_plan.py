@@ -102,11 +102,11 @@ def test_preflight_failures_each_with_a_remedy():
     assert not any("secret" in c.detail for c in checks)
 
 
-def test_probe_quotes_the_url_and_sends_the_ca_on_stdin():
+def test_probe_sends_the_url_and_the_ca_on_stdin_never_on_the_command_line():
     command, stdin = probe_command(_facts(kernel="6.1.0-18-amd64"),
                                    make_repo(url="http://m/;touch /tmp/x;/", ca_pem="PEM"))
-    assert "'http://m/;touch /tmp/x;/InRelease'" in command.replace("'\"'\"'", "'")
-    assert stdin == "PEM"
+    assert "touch /tmp/x" not in command
+    assert stdin.startswith("http://m/;touch /tmp/x;\n\n") and stdin.endswith("PEM")
 
 
 def test_parse_probe_and_mask_credentials():
