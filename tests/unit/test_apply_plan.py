@@ -105,7 +105,8 @@ def test_preflight_failures_each_with_a_remedy():
 def test_probe_sends_the_url_and_the_ca_on_stdin_never_on_the_command_line():
     command, stdin = probe_command(_facts(kernel="6.1.0-18-amd64"),
                                    make_repo(url="http://m/;touch /tmp/x;/", ca_pem="PEM"))
-    assert "touch /tmp/x" not in command
+    assert "/InRelease" not in command  # the address travels on stdin, quoted data everywhere else
+    assert "'\"'\"'m/;touch /tmp/x;'\"'\"'" in command
     assert stdin.startswith("http://m/;touch /tmp/x;\n\n") and stdin.endswith("PEM")
 
 
