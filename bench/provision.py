@@ -116,12 +116,12 @@ def host_data(host, inventory, keyring: Path) -> dict:
     resolver and the managed files' exact content from gpuprov's own operations."""
     from gpuprov.ops import container_toolkit, kernel, pins, sources
     from gpuprov.ops.pkg import Package
-    from gpuprov.stack.resolve import resolve_for_host
+    from gpuprov.stack.resolve import PACKAGE_SECTIONS, resolve_for_host
 
     stack = resolve_for_host(host.vars, "debian-12", None).to_dict()
     mirror = host.vars["mirror"]
     components, pinned = [], {}
-    for section in ("driver", "cuda", "nccl", "container_toolkit", "fabricmanager", "dcgm"):
+    for section in PACKAGE_SECTIONS:
         entry = stack.get(section)
         if entry is None:
             continue
@@ -136,7 +136,8 @@ def host_data(host, inventory, keyring: Path) -> dict:
             "apt_list": f"# {sources.HEADER}\ndeb [signed-by={sources.APT_KEYRING}] {mirror['url']} /\n",
             "nouveau": kernel.BLACKLIST_CONTENT,
             "udev": container_toolkit.DEV_CHAR_CONTENT,
-            "preferences": pins.preferences([pinned[name] for name in sorted(pinned)]),
+            "preferences": pins.preferences([pinned[name] for name in sorted(pinned)], stack["driver"]["version"],
+                                            mirror.get("label")),
             "unattended": pins.unattended(),
         },
         # lab hosts are containers: they run this machine's kernel

@@ -80,3 +80,13 @@ def is_nvswitch(device_id: str) -> bool:
     """Whether a PCI device id is an NVSwitch bridge (e.g. "1af1", "22a3")."""
     key = str(device_id).lower().removeprefix("0x").split(":")[-1]
     return key in {str(k).lower() for k in table("gpus")["nvswitch_pci_ids"]}
+
+
+# From the fourth NVSwitch generation (HGX/DGX B200) on, Fabric Manager needs the NVLink Subnet Manager and
+# the NVSwitches are no PCI devices of the host (gpus.yaml, nvswitch_generations).
+FOURTH_GENERATION = 4
+
+
+def nvswitch_generation(arch: str) -> int | None:
+    """The NVSwitch generation of an architecture's HGX/DGX baseboard (None: no NVSwitch baseboard)."""
+    return table("gpus")["nvswitch_generations"].get(arch)

@@ -5,11 +5,21 @@ from __future__ import annotations
 import re
 
 _URL_CREDENTIALS = re.compile(r"(?<=://)[^/@\s\"']+@")
+# A secret value: up to whitespace, a quote or an escaped line break; other backslash escapes (JSON `\"`,
+# `\\`) count as one character, so masking JSON text keeps it valid.
+_SECRET = r"(?:\\[^nrt]|[^\s\"'\\])+"
+# apt_auth.conf(5) entries (`machine HOST login USER password SECRET`) and `password=` / `proxy_password=`
+# lines of dnf .repo files.
+_AUTH_CONF_PASSWORD = re.compile(r"(\bmachine\s+\S+\s+login\s+\S+\s+password\s+)" + _SECRET)
+_PASSWORD_SETTING = re.compile(r"(password\s*=\s*)" + _SECRET)
 
 
 def mask_credentials(text: str) -> str:
-    """Replace the user:password part of every URL (proxies, mirrors) by ***."""
-    return _URL_CREDENTIALS.sub("***@", text)
+    """Replace every secret gpuprov handles by ***: the user:password part of URLs (proxies, mirrors), the
+    password of apt auth.conf entries and the value of `password=` settings. The one masking function."""
+    text = _URL_CREDENTIALS.sub("***@", text)
+    text = _AUTH_CONF_PASSWORD.sub(r"\g<1>***", text)
+    return _PASSWORD_SETTING.sub(r"\g<1>***", text)
 
 
 class GpuprovError(Exception):

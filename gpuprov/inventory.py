@@ -58,7 +58,9 @@ ANSIBLE_SETTINGS = {
 }
 ANSIBLE_SECRETS = ("ansible_become_password", "ansible_become_pass", "ansible_sudo_pass",
                    "ansible_password", "ansible_ssh_pass", "ansible_ssh_password")
-KNOWN_VARS = ("hardware", "stack", "mirror", "firewall")
+KNOWN_VARS = ("hardware", "stack", "mirror", "firewall", "container_engine")
+_RELEASE_LABEL = re.compile(r"[!-+\--~][ -+\--~]*")
+CONTAINER_ENGINES = ("docker",)
 
 MAX_DEPTH = 64
 MAX_NODES = 100_000
@@ -685,7 +687,8 @@ class _Reader:
 
     def check_var(self, key: str, value: Any, path: tuple) -> Any:
         checker = {"hardware": self.var_hardware, "stack": self.var_stack,
-                   "mirror": self.var_mirror, "firewall": self.var_firewall}.get(key)
+                   "mirror": self.var_mirror, "firewall": self.var_firewall,
+                   "container_engine": self.var_container_engine}.get(key)
         return checker(value, path) if checker else value
 
     def struct(self, value: Any, path: tuple, what: str, fields: dict, required: tuple = ()) -> Any:
@@ -724,10 +727,26 @@ class _Reader:
             "url": self.url, "proxy": self.url, "fingerprint": self.fingerprint,
             "key_file": lambda v, p: self.local_path(v, p, "key_file", must_exist=False) or _BAD,
             "ca_file": lambda v, p: self.local_path(v, p, "ca_file", must_exist=True) or _BAD,
+            "label": self.release_label,
         }, required=("url",))
+
+    def release_label(self, value: Any, path: tuple) -> Any:
+        """The mirror's Release `Label:` (apt pins the repository by it): printable, no comma."""
+        if isinstance(value, str) and _RELEASE_LABEL.fullmatch(value):
+            return value
+        self.error(path, f"bad label {_show(value)}: the Label: line of the mirror's Release file, "
+                         "printable characters without commas (NVIDIA's is \"NVIDIA CUDA\")")
+        return _BAD
 
     def var_firewall(self, value: Any, path: tuple) -> Any:
         return self.struct(value, path, "firewall", {"allow": self.allow_list}, required=("allow",))
+
+    def var_container_engine(self, value: Any, path: tuple) -> Any:
+        if isinstance(value, str) and value in CONTAINER_ENGINES:
+            return value
+        self.error(path, f"bad container_engine {_show(value)}: give {' or '.join(CONTAINER_ENGINES)}"
+                         f"{_suggest(value, CONTAINER_ENGINES)}")
+        return _BAD
 
     def allow_list(self, value: Any, path: tuple) -> Any:
         if not isinstance(value, list):

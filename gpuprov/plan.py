@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,10 @@ def change_dict(change, refused: list[str] | None = None) -> dict:
     return data
 
 
+# a package change of the fabric manager itself (not of libnvidia-nscq or nvlsm alone, nor a service start)
+_FABRIC_MANAGER = re.compile(r"(install|remove) nvidia-fabric-?manager")
+
+
 def mark_disruptive(change):
     """The change with `disruptive` set when it would interrupt running work: any driver package change
     (NVML answers "Driver/library version mismatch" to new processes until the reboot), and a fabric
@@ -45,7 +50,7 @@ def mark_disruptive(change):
         return change
     if change.component == "driver":
         return replace(change, disruptive="driver change")
-    if change.component == "fabricmanager" and not change.summary.startswith("enable"):
+    if change.component == "fabricmanager" and _FABRIC_MANAGER.search(change.summary):
         return replace(change, disruptive="fabric manager restart")
     return change
 
@@ -64,20 +69,25 @@ def _read_local(path: str | None, inventory_dir: Path, what: str, host: str) -> 
 
 
 def repo_spec(host, facts: dict, inventory_dir: Path):
-    """Where packages come from: the inventory's mirror, or NVIDIA's repository for the host's OS."""
+    """Where packages come from: the inventory's mirror, or NVIDIA's repository for the host's OS and CPU
+    architecture. apt pins the repository by its Release label (NVIDIA's, unless the mirror names its own)."""
     from gpuprov.ops import RepoSpec
+    from gpuprov.ops.repo import repo_label, repo_url
     from gpuprov.stack.data import table
 
+    os_key = facts["os"]["key"]
     mirror = host.vars.get("mirror") or {}
     proxy = mirror.get("proxy")
+    label = mirror.get("label") or repo_label(os_key)
     ca_pem = _read_local(mirror.get("ca_file"), inventory_dir, "ca_file", host.name)
     if mirror.get("url"):
         return RepoSpec(url=mirror["url"], key_url=None if mirror.get("key_file") else mirror.get("key_url"),
                         key_data=_read_local(mirror.get("key_file"), inventory_dir, "key_file", host.name),
-                        fingerprint=mirror.get("fingerprint"), proxy=proxy, ca_pem=ca_pem)
-    repo = table("packages")["os"][facts["os"]["key"]]
-    return RepoSpec(url=repo["repo_url"], key_url=repo["key_url"], key_data=None,
-                    fingerprint=repo["key_fingerprint"], proxy=proxy, ca_pem=ca_pem)
+                        fingerprint=mirror.get("fingerprint"), proxy=proxy, ca_pem=ca_pem, label=label)
+    url, key_url = repo_url(os_key, facts.get("arch") or "x86_64")
+    return RepoSpec(url=url, key_url=key_url, key_data=None,
+                    fingerprint=table("packages")["os"][os_key]["key_fingerprint"], proxy=proxy, ca_pem=ca_pem,
+                    label=label)
 
 
 def prepare_changes(facts: dict) -> list:

@@ -101,10 +101,11 @@ def stack_for(host, facts: dict, options: Options) -> tuple[dict, str | None, li
 def wanted_packages(stack: dict, facts: dict) -> list:
     """The stack's packages the host lacks at their exact version: what preflight looks up."""
     from gpuprov.ops.pkg import Package
+    from gpuprov.stack.resolve import PACKAGE_SECTIONS
 
     installed = facts.get("packages") or {}
     wanted = {}
-    for section in ("driver", "fabricmanager", "cuda", "nccl", "container_toolkit", "dcgm"):
+    for section in PACKAGE_SECTIONS:
         for pkg in (stack.get(section) or {}).get("packages", []):
             if installed.get(pkg["name"]) != pkg["version"]:
                 wanted[pkg["name"]] = Package(pkg["name"], pkg["version"])

@@ -14,6 +14,7 @@ from gpuprov.ops import (
     cuda,
     dcgm,
     driver,
+    engine,
     fabricmanager,
     kernel,
     nccl,
@@ -24,7 +25,7 @@ from gpuprov.ops.base import Change, OpContext, RepoSpec
 
 __all__ = ["COMPONENTS", "MANAGED_FILES", "Change", "OpContext", "RepoSpec", "plan_changes"]
 
-_MODULES = (sources, kernel, driver, cuda, nccl, container_toolkit, fabricmanager, dcgm, pins)
+_MODULES = (sources, kernel, driver, cuda, nccl, engine, container_toolkit, fabricmanager, dcgm, pins)
 COMPONENTS: tuple[str, ...] = tuple(module.COMPONENT for module in _MODULES)
 MANAGED_FILES: tuple[str, ...] = (*sources.FILES, *kernel.FILES, *container_toolkit.FILES, *pins.FILES)
 

@@ -10,8 +10,8 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from gpuprov.errors import GpuprovError, InputError
-from gpuprov.ops.pkg import Package, PackageManager, for_family
+from gpuprov.errors import GpuprovError, InputError, mask_credentials
+from gpuprov.ops.pkg import VERSIONLOCK_LIST, Package, PackageManager, for_family
 
 q = shlex.quote
 
@@ -38,6 +38,7 @@ class RepoSpec:
     fingerprint: str | None
     proxy: str | None = None
     ca_pem: str | None = None
+    label: str | None = None            # the repository's Release `Label:` (apt pins the repository by it)
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,6 @@ class OpContext:
     stack: dict
     repo: RepoSpec
     lock_timeout: int = 300
-    host_vars: dict = field(default_factory=dict)
     host_vars: dict = field(default_factory=dict)
 
     @property
@@ -125,9 +125,6 @@ def locked(ctx: OpContext) -> dict[str, set[str]]:
     return parse_versionlock(ctx.file(VERSIONLOCK_LIST) or "")
 
 
-VERSIONLOCK_LIST = "/etc/dnf/plugins/versionlock.list"
-
-
 def parse_versionlock(text: str) -> dict[str, set[str]]:
     """`name-[epoch:]version-release.arch|*` lines -> {name: {"version-release"}} (exclusions skipped)."""
     entries: dict[str, set[str]] = {}
@@ -145,22 +142,46 @@ def parse_versionlock(text: str) -> dict[str, set[str]]:
 
 
 def package_change(ctx: OpContext, component: str, wanted: list[Package], *,
-                   remove: tuple[str, ...] = (), reboot: bool = False) -> Change | None:
-    """Install `wanted` at exact versions (and drop `remove`), unholding what moves; None when in state."""
+                   remove: tuple[str, ...] = (), reboot: bool = False, unhold: tuple[str, ...] = (),
+                   first: tuple[str, ...] = ()) -> Change | None:
+    """Install `wanted` at exact versions (and drop `remove`), unholding what moves and `unhold`; None when
+    in state. Packages named in `first` are installed in a transaction of their own before the rest."""
     missing = [p for p in wanted if not at_version(ctx, p)]
     remove = tuple(name for name in remove if ctx.installed(name) is not None)
     if not missing and not remove:
         return None
     pm = ctx.pm
     held = locked(ctx)
-    unhold = sorted({p.name for p in missing if p.name in held} | {n for n in remove if n in held})
+    moving = {p.name for p in missing} | set(remove) | set(unhold)
     commands = [pm.update()]
-    if unhold:
-        commands.append(pm.unhold(unhold))
-    commands.extend(pm.install(missing, remove=remove))
+    if moving & set(held):
+        commands.append(pm.unhold(sorted(moving & set(held))))
+    early = [p for p in missing if p.name in first]
+    rest = [p for p in missing if p.name not in first]
+    if early:
+        commands.extend(pm.install(early))
+    if rest or remove:
+        commands.extend(pm.install(rest, remove=remove))
     parts = [f"install {pm.spec(p)} (installed: {ctx.installed(p.name) or 'none'})" for p in missing]
     parts += [f"remove {name} {ctx.installed(name)}" for name in remove]
     return Change(component, "; ".join(parts), tuple(commands), reboot=reboot)
+
+
+# Name prefixes of the NVIDIA driver's packages (deb and rpm): what a driver metapackage pulls in, whatever it is
+# (libnvidia-compute-570, nvidia-firmware-570-570.148.08, xserver-xorg-video-nvidia-570, libnvidia-egl-wayland1,
+# kmod-nvidia-open-dkms, xorg-x11-nvidia...). The unattended-upgrades blacklist keeps away the same names.
+DRIVER_FAMILIES = ("nvidia-", "libnvidia-", "cuda-drivers", "libcuda", "libxnvctrl", "xserver-xorg-video-nvidia",
+                   "kmod-nvidia", "xorg-x11-nvidia")
+
+
+def driver_packages(packages: dict[str, str]) -> list[str]:
+    """The installed packages of the driver families (`packages`: name -> version, as facts list them)."""
+    return sorted(name for name in packages if name.startswith(DRIVER_FAMILIES))
+
+
+def driver_moves(ctx: OpContext) -> bool:
+    """Whether this plan installs driver packages (the set built from the driver is then known only later)."""
+    return any(not at_version(ctx, pkg) for pkg in stack_packages(ctx, "driver"))
 
 
 def unified_diff(path: str, old: str | None, new: str | None) -> str:
@@ -179,8 +200,10 @@ def write_file(path: str, content: str, mode: str = "0644") -> str:
 
 def file_change(ctx: OpContext, component: str, path: str, content: str | None, what: str, *,
                 then: tuple[str, ...] = (), reboot: bool = False, mode: str = "0644",
-                redact=lambda text: text) -> Change | None:
-    """Make a managed file hold `content` (None: absent); `then` runs after the write. None when in state."""
+                redact=mask_credentials) -> Change | None:
+    """Make a managed file hold `content` (None: absent); `then` runs after the write. None when in state.
+
+    The diff shows both versions through `redact` (by default every secret masked)."""
     current = ctx.file(path)
     if current == content:
         return None

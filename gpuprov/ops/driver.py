@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from gpuprov.ops.base import Change, OpContext, package_change, stack_packages
+from gpuprov.ops import pins
+from gpuprov.ops.base import DRIVER_FAMILIES, Change, OpContext, locked, package_change, stack_packages
 
 COMPONENT = "driver"
 _DRIVER_PREFIXES = ("nvidia-", "libnvidia-", "cuda-drivers", "xserver-xorg-video-nvidia", "kmod-nvidia",
@@ -14,6 +15,8 @@ _DRIVER_PREFIXES = ("nvidia-", "libnvidia-", "cuda-drivers", "xserver-xorg-video
 _NOT_DRIVER = re.compile(r"(lib)?nvidia-container.*|nvidia-docker2?")
 _KERNEL_MODULE_WORDS = {"dkms", "source", "modules", "objects", "signatures"}
 _PROPRIETARY_META = re.compile(r"(cuda-drivers|nvidia-driver)-\d{3}(-server)?")
+# NVIDIA's branch-locking package (R590 on): apt must know its pins before it resolves the driver (DIG-590).
+PINNING = "nvidia-driver-pinning-"
 
 
 def branch_of(name: str) -> str | None:
@@ -55,15 +58,30 @@ def stale_packages(ctx: OpContext) -> tuple[str, ...]:
     return tuple(stale)
 
 
+def held_driver_packages(ctx: OpContext) -> tuple[str, ...]:
+    """Held (dnf: versionlocked) packages of the installed driver, which a new driver moves; the stack's
+    other packages with driver-like names (fabric manager, NSCQ, container toolkit) keep their own holds."""
+    others = {p.name for section in pins.SECTIONS if section != "driver" for p in stack_packages(ctx, section)}
+    return tuple(sorted(name for name in locked(ctx) if name.startswith(DRIVER_FAMILIES) and name not in others))
+
+
 def driver_change(ctx: OpContext) -> Change | None:
-    """The driver package change this plan makes (None when the driver packages are in state)."""
-    change = package_change(ctx, COMPONENT, stack_packages(ctx, "driver"), remove=stale_packages(ctx),
-                            reboot=True)
+    """The driver package change this plan makes (None when the driver packages are in state): the holds of
+    the installed driver lifted, the apt pins for the new driver written, NVIDIA's version-pinning package
+    installed before the driver."""
+    wanted = stack_packages(ctx, "driver")
+    change = package_change(ctx, COMPONENT, wanted, remove=stale_packages(ctx), reboot=True,
+                            unhold=held_driver_packages(ctx),
+                            first=tuple(p.name for p in wanted if p.name.startswith(PINNING)))
     if change is None:
         return None
     driver = ctx.stack["driver"]
     summary = f"driver {driver['version']} ({driver['kernel_modules']} kernel modules): {change.summary}"
-    return Change(COMPONENT, summary, change.commands, reboot=True)
+    prefs = pins.preferences_change(ctx)
+    if prefs is None:
+        return Change(COMPONENT, summary, change.commands, reboot=True)
+    return Change(COMPONENT, f"{summary}; apt pins for it first ({pins.APT_PREFERENCES})",
+                  (*prefs.commands, *change.commands), reboot=True, diff=prefs.diff)
 
 
 def changes(ctx: OpContext) -> Iterator[Change]:

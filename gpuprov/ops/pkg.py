@@ -12,6 +12,8 @@ from gpuprov.errors import InputError
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9+._:-]*")
 _VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+~:_-]*")
+_PREFIX = re.compile(r"[a-z0-9][a-z0-9-]*")
+VERSIONLOCK_LIST = "/etc/dnf/plugins/versionlock.list"
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,19 @@ class Package:
 
 def _join(words: Iterable[str]) -> str:
     return " ".join(shlex.quote(word) for word in words)
+
+
+def _selection(names: Sequence[str], prefixes: Sequence[str]) -> tuple[str, str]:
+    """An awk `-v` option and the condition that selects, by the package name held in `name`, the packages
+    named `names` and those whose names start with one of `prefixes`."""
+    for name in names:
+        if not _NAME.fullmatch(name):
+            raise InputError(f"not a valid package name: {name!r}", step="plan",
+                             hint="check the stack data (gpuprov/data/*.yaml) or the lock file")
+    if not all(_PREFIX.fullmatch(prefix) for prefix in prefixes):
+        raise ValueError(f"package name prefixes must be plain names: {prefixes!r}")
+    option = f"-v names={shlex.quote(' ' + ' '.join(names) + ' ')}"
+    return option, f'index(names, " " name " ") || name ~ /^({"|".join(prefixes)})/'
 
 
 class PackageManager(ABC):
@@ -67,6 +82,10 @@ class PackageManager(ABC):
     def unhold(self, names: Sequence[str]) -> str:
         """See Apt and Dnf."""
 
+    @abstractmethod
+    def hold_installed(self, names: Sequence[str], prefixes: Sequence[str]) -> str:
+        """See Apt and Dnf."""
+
 
 class Apt(PackageManager):
     family = "debian"
@@ -97,6 +116,16 @@ class Apt(PackageManager):
 
     def unhold(self, names: Sequence[str]) -> str:
         return self._apt("apt-mark", f"unhold {_join(names)}")
+
+    def hold_installed(self, names: Sequence[str], prefixes: Sequence[str]) -> str:
+        """Hold, as the host has them now, the installed packages among `names` and every installed package
+        whose name starts with one of `prefixes` (the packages a metapackage pulled in, known only on the
+        host). Foreign-architecture packages are held too."""
+        option, condition = _selection(names, prefixes)
+        program = f"$1 ~ /^[hi]i/ {{ name = $2; sub(/:[a-z0-9]+$/, \"\", name); if ({condition}) print $2 }}"
+        query = "dpkg-query -W -f='${db:Status-Abbrev} ${binary:Package}\\n'"
+        return (f"pkgs=$({query} | awk {option} {shlex.quote(program)} | sort -u) && "
+                f"if [ -n \"$pkgs\" ]; then {self._apt('apt-mark', 'hold $pkgs')}; fi")
 
 
 class Dnf(PackageManager):
@@ -130,6 +159,28 @@ class Dnf(PackageManager):
 
     def unhold(self, names: Sequence[str]) -> str:
         return f"dnf -y versionlock delete {_join(names)}"
+
+    def hold_installed(self, names: Sequence[str], prefixes: Sequence[str]) -> str:
+        """Lock, at their installed `name-EPOCH:VERSION-RELEASE.*`, the installed packages among `names` and
+        every installed package under `prefixes` (see Apt.hold_installed); an entry the versionlock list has
+        for such a name is replaced."""
+        option, condition = _selection(names, prefixes)
+        program = (
+            '$0 == "@@rpm" { rpm = 1; next } '
+            # versionlock.list lines: name-[epoch:]version-release.arch; exclusions (!) are no locks
+            '!rpm { line = $0; sub(/^[ \\t]+/, "", line); if (line == "" || line ~ /^[#!]/) next; '
+            'n = split(line, f, "-"); if (n < 3) next; name = f[1]; for (i = 2; i <= n - 2; i++) name = name "-" f[i]; '
+            'locked[name] = 1; next } '
+            '{ name = $1; evr = $2; sub(/^\\(none\\):/, "0:", evr); '
+            f'if (({condition}) && !seen[name]++) {{ if (name in locked) del = del " " name; '
+            'add = add " " name "-" evr ".*" } } '
+            'END { print substr(del, 2); print substr(add, 2) }')
+        return (f"( set -f && out=$({{ cat {VERSIONLOCK_LIST} 2>/dev/null || true; echo @@rpm; "
+                "rpm -qa --qf '%{NAME} %{EPOCH}:%{VERSION}-%{RELEASE}\\n'; } | "
+                f"awk {option} {shlex.quote(program)}) && "
+                "del=$(printf '%s\\n' \"$out\" | sed -n 1p) && add=$(printf '%s\\n' \"$out\" | sed -n 2p) && "
+                "if [ -n \"$del\" ]; then dnf -y versionlock delete $del; fi && "
+                "if [ -n \"$add\" ]; then dnf -y versionlock add $add; fi )")
 
 
 def for_family(family: str, lock_timeout: int = 300) -> PackageManager:

@@ -1,38 +1,67 @@
-"""NVIDIA's package repository (or the inventory mirror): signing key pinned by fingerprint, proxy, CA."""
+"""NVIDIA's package repository (or the inventory mirror): signing key pinned by fingerprint, proxy, CA.
+
+Credentials in the mirror or proxy URL never reach a world-readable file: apt gets them from an auth.conf.d
+file (mode 0600, apt_auth.conf(5)) and the URLs without them; a dnf .repo file carrying them is mode 0600.
+"""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from urllib.parse import unquote, urlsplit, urlunsplit
 
-from gpuprov.errors import InputError
+from gpuprov.errors import InputError, mask_credentials
 from gpuprov.ops.base import Change, OpContext, file_change, q, write_file
 
 COMPONENT = "sources"
 APT_LIST = "/etc/apt/sources.list.d/gpuprov-nvidia.list"
 APT_KEYRING = "/usr/share/keyrings/gpuprov-nvidia.gpg"
 APT_PROXY = "/etc/apt/apt.conf.d/95gpuprov-proxy"
+APT_AUTH = "/etc/apt/auth.conf.d/gpuprov-nvidia.conf"
 DEB_CA = "/usr/local/share/ca-certificates/gpuprov-extra.crt"
 DNF_REPO = "/etc/yum.repos.d/gpuprov-nvidia.repo"
 RPM_KEY = "/etc/pki/rpm-gpg/RPM-GPG-KEY-gpuprov-nvidia"
 RHEL_CA = "/etc/pki/ca-trust/source/anchors/gpuprov-extra.crt"
 KEY_STAMP = "/etc/gpuprov/repo-key.fingerprint"
-FILES = (APT_LIST, APT_KEYRING, APT_PROXY, DEB_CA, DNF_REPO, RPM_KEY, RHEL_CA, KEY_STAMP)
+FILES = (APT_LIST, APT_KEYRING, APT_PROXY, APT_AUTH, DEB_CA, DNF_REPO, RPM_KEY, RHEL_CA, KEY_STAMP)
+SECRET_MODE = "0600"
 
 _URL = re.compile(r"(https?|file)://[^\s\x00-\x1f\x7f]+")
 _PROXY = re.compile(r"https?://[^\s\x00-\x1f\x7f\"]+")
 _FINGERPRINT = re.compile(r"[0-9A-F]{40}")
-_USERINFO = re.compile(r"(://[^/@:\s]+):[^/@\s]*@")
+# a login token of apt_auth.conf(5) / a dnf setting value: no whitespace, and no quote or backslash (which
+# would also keep mask_credentials from finding the whole secret in shell-quoted or JSON text)
+_TOKEN = re.compile(r"[^\s\"'\\]+")
 HEADER = "Managed by gpuprov; local edits are replaced on the next provision run."
-
-
-def redact(text: str) -> str:
-    """Hide passwords in proxy URLs (`http://user:***@proxy:3128`)."""
-    return _USERINFO.sub(r"\1:***@", text)
 
 
 def _bad(ctx: OpContext, message: str, hint: str) -> InputError:
     return InputError(message, host=ctx.host, step=COMPONENT, hint=hint)
+
+
+def split_credentials(ctx: OpContext, url: str, setting: str) -> tuple[str, tuple[str, str] | None]:
+    """`url` without its `user:password@`, and the (user, password) it carried, percent-decoded."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    bare = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    user, password = unquote(parts.username or ""), unquote(parts.password or "")
+    if not (_TOKEN.fullmatch(user) and _TOKEN.fullmatch(password)):
+        raise _bad(ctx, f"the credentials in {setting} {mask_credentials(url)!r} need a user and a password, "
+                   "neither with whitespace, quotes or backslashes",
+                   f"fix {setting} in the inventory (https://USER:PASSWORD@HOST/PATH, percent-encoded)")
+    return bare, (user, password)
+
+
+def auth_conf(ctx: OpContext) -> str | None:
+    """apt_auth.conf(5) entries for a mirror and a proxy that carry credentials (None: neither does). The
+    machine token names the protocol: without one an entry matches https only."""
+    entries = []
+    for url, setting in ((ctx.repo.url, "mirror.url"), (ctx.repo.proxy, "mirror.proxy")):
+        bare, login = split_credentials(ctx, url, setting) if url else (url, None)
+        if login is not None:
+            entries.append(f"machine {bare.rstrip('/')} login {login[0]} password {login[1]}\n")
+    return "".join(entries) or None
 
 
 def fingerprint(ctx: OpContext) -> str:
@@ -48,11 +77,11 @@ def fingerprint(ctx: OpContext) -> str:
 def validate(ctx: OpContext) -> None:
     repo = ctx.repo
     if not _URL.fullmatch(repo.url or ""):
-        raise _bad(ctx, f"repository URL {redact(repo.url or '')!r} is not an http(s):// or file:// URL "
-                   "without spaces", "fix mirror.url in the inventory")
+        raise _bad(ctx, f"repository URL {mask_credentials(repo.url or '')!r} is not an http(s):// or file:// "
+                   "URL without spaces", "fix mirror.url in the inventory")
     if repo.proxy is not None and not _PROXY.fullmatch(repo.proxy):
-        raise _bad(ctx, f"proxy {redact(repo.proxy)!r} is not an http(s):// URL without spaces or quotes",
-                   "fix mirror.proxy in the inventory")
+        raise _bad(ctx, f"proxy {mask_credentials(repo.proxy)!r} is not an http(s):// URL without spaces or "
+                   "quotes", "fix mirror.proxy in the inventory")
     if repo.key_data is None and not (repo.key_url and _URL.fullmatch(repo.key_url)):
         raise _bad(ctx, "the repository has no signing key: neither key data nor an http(s)/file key URL",
                    "set mirror.key_file in the inventory, or use NVIDIA's repository")
@@ -95,6 +124,22 @@ def key_command(repo_key_url: str | None, key_data: str | None, fpr: str, keyrin
             f"{write_file(stamp, fpr + chr(10))} )")
 
 
+def dnf_repo(ctx: OpContext) -> tuple[str, str]:
+    """The .repo file and its mode (0600 when it carries credentials)."""
+    url, login = split_credentials(ctx, ctx.repo.url, "mirror.url")
+    proxy, proxy_login = split_credentials(ctx, ctx.repo.proxy, "mirror.proxy") if ctx.repo.proxy else (None, None)
+    lines = [f"# {HEADER}", "# module_hotfixes: exact versions install without enabling a module stream.",
+             "[gpuprov-nvidia]", "name=NVIDIA CUDA repository (gpuprov)", f"baseurl={url}", "enabled=1",
+             "gpgcheck=1", f"gpgkey=file://{RPM_KEY}", "module_hotfixes=1"]
+    if login:
+        lines += [f"username={login[0]}", f"password={login[1]}"]
+    if proxy:
+        lines.append(f"proxy={proxy}")
+    if proxy_login:
+        lines += [f"proxy_username={proxy_login[0]}", f"proxy_password={proxy_login[1]}"]
+    return "\n".join(lines) + "\n", SECRET_MODE if login or proxy_login else "0644"
+
+
 def changes(ctx: OpContext) -> Iterator[Change]:
     validate(ctx)
     repo = ctx.repo
@@ -103,9 +148,12 @@ def changes(ctx: OpContext) -> Iterator[Change]:
     planned: list[Change] = []
 
     if debian:
-        proxy_conf = None if repo.proxy is None else (
-            f"// {HEADER}\nAcquire::http::Proxy \"{repo.proxy}\";\nAcquire::https::Proxy \"{repo.proxy}\";\n")
-        planned.append(file_change(ctx, COMPONENT, APT_PROXY, proxy_conf, "apt proxy", redact=redact))
+        proxy = None if repo.proxy is None else split_credentials(ctx, repo.proxy, "mirror.proxy")[0]
+        proxy_conf = None if proxy is None else (
+            f"// {HEADER}\nAcquire::http::Proxy \"{proxy}\";\nAcquire::https::Proxy \"{proxy}\";\n")
+        planned.append(file_change(ctx, COMPONENT, APT_PROXY, proxy_conf, "apt proxy"))
+        planned.append(file_change(ctx, COMPONENT, APT_AUTH, auth_conf(ctx), "apt login for the mirror/proxy",
+                                   mode=SECRET_MODE))
 
     ca_path, ca_update = (DEB_CA, "update-ca-certificates") if debian else (RHEL_CA, "update-ca-trust")
     ca = None if repo.ca_pem is None else repo.ca_pem.rstrip("\n") + "\n"
@@ -116,20 +164,18 @@ def changes(ctx: OpContext) -> Iterator[Change]:
 
     keyring = APT_KEYRING if debian else RPM_KEY
     if ctx.file(KEY_STAMP) != fpr + "\n" or ctx.file(keyring) is None:
-        source = "mirror key file" if repo.key_data is not None else redact(repo.key_url or "")
+        source = "mirror key file" if repo.key_data is not None else mask_credentials(repo.key_url or "")
         planned.append(Change(COMPONENT, f"install repository signing key {fpr} from {source}", (
             _tools_command(ctx),
             key_command(repo.key_url, repo.key_data, fpr, keyring, not debian, KEY_STAMP, repo.proxy))))
 
     if debian:
-        listing = f"# {HEADER}\ndeb [signed-by={APT_KEYRING}] {repo.url} /\n"
+        url = split_credentials(ctx, repo.url, "mirror.url")[0]
+        listing = f"# {HEADER}\ndeb [signed-by={APT_KEYRING}] {url} /\n"
         planned.append(file_change(ctx, COMPONENT, APT_LIST, listing, "NVIDIA package repository"))
     else:
-        proxy_line = f"proxy={repo.proxy}\n" if repo.proxy else ""
-        conf = (f"# {HEADER}\n# module_hotfixes: exact versions install without enabling a module stream.\n"
-                f"[gpuprov-nvidia]\nname=NVIDIA CUDA repository (gpuprov)\nbaseurl={repo.url}\nenabled=1\n"
-                f"gpgcheck=1\ngpgkey=file://{RPM_KEY}\nmodule_hotfixes=1\n{proxy_line}")
-        planned.append(file_change(ctx, COMPONENT, DNF_REPO, conf, "NVIDIA package repository", redact=redact))
+        conf, mode = dnf_repo(ctx)
+        planned.append(file_change(ctx, COMPONENT, DNF_REPO, conf, "NVIDIA package repository", mode=mode))
 
     planned = [change for change in planned if change is not None]
     yield from planned

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
+
+from gpuprov.ops.base import driver_packages, parse_versionlock
+from gpuprov.ops.pkg import VERSIONLOCK_LIST, for_family
+from gpuprov.stack.resolve import PACKAGE_SECTIONS
+
+# `dkms status` lines: "nvidia/570.148.08, 6.1.0-18-amd64, x86_64: installed" (dkms 3) or
+# "nvidia, 570.148.08, 6.1.0-18-amd64, x86_64: installed" (dkms 2); RHEL's open modules register "nvidia-open".
+_DKMS = re.compile(r"nvidia(?:-open)?\s*[/,]\s*(?P<version>[^,\s]+),\s*(?P<kernel>[^,\s]+),[^:]*:\s*(?P<status>[\w-]+)")
 
 
 @dataclass(frozen=True)
@@ -22,6 +31,30 @@ def _dict(stack) -> dict:
     return stack.to_dict() if hasattr(stack, "to_dict") else stack
 
 
+def held_packages(facts: dict) -> set[str]:
+    """apt holds, or on the RHEL family the names in dnf's versionlock list."""
+    if (facts.get("os") or {}).get("family") == "rhel":
+        return set(parse_versionlock((facts.get("files") or {}).get(VERSIONLOCK_LIST) or ""))
+    return set(facts.get("held") or [])
+
+
+def dkms_mismatches(facts: dict, version: str) -> list[Mismatch]:
+    """Installed kernels DKMS has not built driver `version`'s module for (they would boot without a GPU)."""
+    if facts.get("dkms_status") is None:
+        return []
+    built: dict[str, str] = {}
+    for line in facts["dkms_status"]:
+        match = _DKMS.match(line.strip())
+        if match and match["version"] == version:
+            built[match["kernel"]] = match["status"]
+    return [Mismatch(f"nvidia module for kernel {kernel}", f"nvidia {version} built and installed by DKMS",
+                     built.get(kernel, "not built"),
+                     f"install the headers for {kernel} (linux-headers-{kernel} / kernel-devel-{kernel}) and run "
+                     f"`dkms autoinstall -k {kernel}` before booting it (invoke provision installs the headers "
+                     "metapackage that keeps the next kernel's headers coming)")
+            for kernel in facts.get("kernels_installed") or [] if built.get(kernel) != "installed"]
+
+
 def check_host(facts: dict, stack) -> list[Mismatch]:
     """Every mismatch between host facts and the stack (a Stack or its dict), each with a remedy."""
     stack = _dict(stack)
@@ -30,7 +63,9 @@ def check_host(facts: dict, stack) -> list[Mismatch]:
     loaded = facts.get("loaded_driver_version")
     smi = (facts.get("nvidia_smi") or {}).get("driver_version")
     packages = facts.get("packages") or {}
-    held = set(facts.get("held") or [])
+    held = held_packages(facts)
+    # rpm versions compare without the epoch (facts carry it, stacks may not)
+    same = for_family("rhel" if (facts.get("os") or {}).get("family") == "rhel" else "debian").same_version
 
     if loaded and smi and loaded != smi:
         out.append(Mismatch("loaded kernel module vs driver libraries", smi, loaded,
@@ -44,19 +79,28 @@ def check_host(facts: dict, stack) -> list[Mismatch]:
         out.append(Mismatch("loaded driver version", want, "no nvidia module loaded",
                             f"install driver {want} (invoke provision) and reboot; check dmesg for nvidia errors"))
 
-    for part in ("driver", "fabricmanager", "cuda", "nccl", "container_toolkit", "dcgm"):
+    for part in PACKAGE_SECTIONS:
         for pkg in (stack.get(part) or {}).get("packages", []):
             found = packages.get(pkg["name"])
             if found is None:
                 out.append(Mismatch(f"package {pkg['name']}", pkg["version"], "not installed",
                                     "run invoke provision for this host"))
-            elif found != pkg["version"]:
+            elif not same(found, pkg["version"]):
                 out.append(Mismatch(f"package {pkg['name']}", pkg["version"], found,
                                     "run invoke provision (with --update-lock if the lock should change)"))
             elif pkg["name"] not in held:
                 out.append(Mismatch(f"package {pkg['name']} hold", "held", "not held",
                                     f"hold it (apt-mark hold {pkg['name']} / dnf versionlock) or run "
                                     "invoke provision"))
+    stack_names = {pkg["name"] for part in PACKAGE_SECTIONS for pkg in (stack.get(part) or {}).get("packages", [])}
+    for name in driver_packages(packages):
+        if name not in held and name not in stack_names:
+            out.append(Mismatch(f"package {name} hold", "held (a package of the driver)", "not held",
+                                f"hold it (apt-mark hold {name} / dnf versionlock) or run invoke provision: "
+                                "an upgrade of one driver package breaks NVML until a reboot"))
+    driver_installed = all(same(packages.get(p["name"]), p["version"]) for p in stack["driver"]["packages"])
+    if driver_installed:
+        out.extend(dkms_mismatches(facts, want))
 
     fm_want = stack.get("fabricmanager")
     fm = facts.get("fabricmanager")
@@ -70,9 +114,11 @@ def check_host(facts: dict, stack) -> list[Mismatch]:
                                     "install fabric manager at exactly the driver version, then restart "
                                     "nvidia-fabricmanager; it refuses to start on a mismatch"))
             if not fm.get("active"):
+                nvlsm = ("; on fourth-generation NVSwitch systems (HGX B200/B300) it starts the NVLink Subnet "
+                         "Manager and fails without the nvlsm package") if stack.get("nvlsm") else ""
                 out.append(Mismatch("fabric manager service", "active", "inactive",
                                     "systemctl enable --now nvidia-fabricmanager; on NVSwitch systems CUDA "
-                                    "fails without it (journalctl -u nvidia-fabricmanager shows why)"))
+                                    f"fails without it (journalctl -u nvidia-fabricmanager shows why){nvlsm}"))
     if not facts.get("kernel_headers", True):
         out.append(Mismatch("kernel headers", f"headers for {facts.get('kernel')}", "missing",
                             f"install the headers for the running kernel {facts.get('kernel')} so DKMS can build "

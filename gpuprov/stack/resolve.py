@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from gpuprov.catalog import FOURTH_GENERATION, lookup, nvswitch_generation
 from gpuprov.errors import InputError
 from gpuprov.stack.data import (
     OS_KEYS,
@@ -27,6 +28,8 @@ from gpuprov.stack.data import (
 )
 
 STABLE_KINDS = ("production", "long_term")
+# The stack's sections that list packages, in install order.
+PACKAGE_SECTIONS = ("driver", "fabricmanager", "nscq", "nvlsm", "cuda", "nccl", "container_toolkit", "dcgm")
 
 
 class StackConflict(InputError):
@@ -56,26 +59,27 @@ class Stack:
     dcgm: dict
     ngc_pytorch: str | None
     pytorch: dict | None
+    nscq: dict | None = None        # NVSwitch systems: libnvidia-nscq at the driver version (DCGM's NVSwitch API)
+    nvlsm: dict | None = None       # fourth-generation NVSwitch systems: the NVLink Subnet Manager
     inputs: dict = field(default_factory=dict, compare=False)
 
+    REQUIRED = ("gpu", "os", "driver", "cuda", "forward_compat", "nccl", "container_toolkit", "fabricmanager",
+                "dcgm", "ngc_pytorch", "pytorch")
+    OPTIONAL = ("nscq", "nvlsm")    # absent from stacks locked before they existed
+
     def to_dict(self) -> dict:
-        return {"gpu": self.gpu, "os": self.os, "driver": self.driver, "cuda": self.cuda,
-                "forward_compat": self.forward_compat, "nccl": self.nccl,
-                "container_toolkit": self.container_toolkit, "fabricmanager": self.fabricmanager,
-                "dcgm": self.dcgm, "ngc_pytorch": self.ngc_pytorch, "pytorch": self.pytorch}
+        return {key: getattr(self, key) for key in (*self.REQUIRED, *self.OPTIONAL)}
 
     @classmethod
     def from_dict(cls, data: dict) -> Stack:
-        keys = ("gpu", "os", "driver", "cuda", "forward_compat", "nccl", "container_toolkit",
-                "fabricmanager", "dcgm", "ngc_pytorch", "pytorch")
-        missing = [k for k in keys if k not in data]
+        missing = [k for k in cls.REQUIRED if k not in data]
         if missing:
             raise InputError(f"stack is missing {', '.join(missing)}", hint="re-create it with invoke stack.lock")
-        return cls(**{k: data[k] for k in keys})
+        return cls(**{k: data.get(k) for k in (*cls.REQUIRED, *cls.OPTIONAL)})
 
     def packages(self) -> list[dict]:
         """Every package of the stack, in install order."""
-        parts = [self.driver, self.fabricmanager, self.cuda, self.nccl, self.container_toolkit, self.dcgm]
+        parts = [getattr(self, section) for section in PACKAGE_SECTIONS]
         return [pkg for part in parts if part for pkg in part["packages"]]
 
 
@@ -273,16 +277,16 @@ def _cuda_candidates(pin: str | None) -> list[str]:
 
 
 def _packages(os_key: str, component: str, **values) -> list[dict]:
-    osrow = table("packages")["os"][os_key]
-    fam = table("packages")["families"][osrow["family"]]
+    data = table("packages")
+    osrow = data["os"][os_key]
+    fam = data["families"][osrow["family"]]
     values = {"rev": osrow.get("rev", ""), "el": osrow.get("el", ""), **values}
-    unversioned = ("branch" in values and osrow["family"] == "debian"
-                   and int(values["branch"]) >= int(table("packages")["unversioned_driver_from"]))
     if component == "driver":
-        group = fam["driver_unversioned" if unversioned else "driver"]
-        return render(group[values["modules"]], **values)
-    if component == "fabricmanager":
-        return render(fam["fabricmanager_unversioned" if unversioned else "fabricmanager"], **values)
+        unversioned = osrow["family"] == "debian" and int(values["branch"]) >= int(data["unversioned_driver_from"])
+        return render(fam["driver_unversioned" if unversioned else "driver"][values["modules"]], **values)
+    if component in ("fabricmanager", "nscq"):
+        unversioned = int(values["branch"]) >= int(data["unversioned_fabric_from"])
+        return render(fam[f"{component}_unversioned" if unversioned else component], **values)
     return render(fam[component], **values)
 
 
@@ -302,10 +306,14 @@ def _build(model, os_key, branch, version, cuda, compat, nccl, ngc, wheel, nvswi
     major = cuda.split(".")[0]
     ctk = max(table("container_toolkit")["releases"], key=vkey)
     dcgm = max((v for v, r in table("dcgm")["releases"].items() if major in r["cuda_majors"]), key=vkey)
-    fabric = None
+    fabric = nscq = nvlsm = None
     if nvswitch:
         fabric = {"version": version,
                   "packages": _packages(os_key, "fabricmanager", branch=branch, version=version)}
+        nscq = {"version": version, "packages": _packages(os_key, "nscq", branch=branch, version=version)}
+    if nvswitch and (nvswitch_generation(model.arch) or 0) >= FOURTH_GENERATION:
+        release = str(table("packages")["nvlsm_version"])
+        nvlsm = {"version": release, "packages": _packages(os_key, "nvlsm", nvlsm=release)}
     return Stack(
         gpu={"model": model.key, "arch": model.arch, "compute_capability": model.compute_capability,
              "datacenter": model.datacenter},
@@ -320,6 +328,8 @@ def _build(model, os_key, branch, version, cuda, compat, nccl, ngc, wheel, nvswi
         dcgm={"version": dcgm, "packages": _packages(os_key, "dcgm", dcgm=dcgm, major=major)},
         ngc_pytorch=f"{ngc}-py3" if ngc else None,
         pytorch={"version": wheel[0], "wheel": wheel[1]} if wheel else None,
+        nscq=nscq,
+        nvlsm=nvlsm,
     )
 
 
@@ -392,8 +402,6 @@ def _pin_conflicts(model, drv_pin, cuda_pin, nccl_pin, ngc_pin, torch_pin, nvswi
 def resolve(gpu: str, os: str, gpus: int = 1, nvswitch: bool = False, cuda=None, driver=None, pytorch=None,
             ngc=None, nccl=None, forward_compat: bool = False) -> Stack:
     """The newest stack for `gpus` x `gpu` on `os` meeting every pin, or StackConflict naming what clashes."""
-    from gpuprov.catalog import lookup
-
     model = lookup(gpu)
     os_key = check_os(os)
     if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
@@ -438,6 +446,18 @@ def resolve(gpu: str, os: str, gpus: int = 1, nvswitch: bool = False, cuda=None,
     raise StackConflict(unique)
 
 
+def facts_nvswitch(facts: dict, gpu: str | None) -> bool | None:
+    """Whether the facts show NVSwitches, or None when they cannot tell: no GPU in the PCI scan (lspci
+    missing, a VM without passthrough), or fourth-generation NVSwitches, which are no PCI devices
+    (gpus.yaml). Then the inventory's hardware.nvswitch decides."""
+    if facts.get("nvswitch_count"):
+        return True
+    if facts.get("nvswitch_count") is None or not facts.get("pci_gpus") or not gpu:
+        return None
+    generation = nvswitch_generation(lookup(gpu).arch)
+    return None if generation is not None and generation >= FOURTH_GENERATION else False
+
+
 def resolve_for_host(host_vars: dict, os_key: str | None, facts: dict | None = None) -> Stack:
     """Resolve from an inventory host's `hardware` and `stack` vars; gathered facts override the hardware."""
     from gpuprov.catalog import by_pci_id
@@ -454,8 +474,9 @@ def resolve_for_host(host_vars: dict, os_key: str | None, facts: dict | None = N
         if found:
             hardware["gpu"] = found.pop()
             hardware["count"] = len(facts.get("pci_gpus") or [])
-        if facts.get("nvswitch_count") is not None:
-            hardware["nvswitch"] = facts["nvswitch_count"] > 0
+        seen = facts_nvswitch(facts, hardware.get("gpu"))
+        if seen is not None:
+            hardware["nvswitch"] = seen
         os_key = os_key or (facts.get("os") or {}).get("key")
     if not hardware.get("gpu"):
         raise InputError("no GPU model: set hardware.gpu in the inventory or gather facts from the host",

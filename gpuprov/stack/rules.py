@@ -54,8 +54,10 @@ def _expected_packages(os_key: str, component: str, values: dict) -> list[dict]:
     fam = pk["families"][osrow["family"]]
     values = {"rev": osrow.get("rev", ""), "el": osrow.get("el", ""), **values}
     key = component
-    if component in ("driver", "fabricmanager") and osrow["family"] == "debian" \
+    if component == "driver" and osrow["family"] == "debian" \
             and int(values["branch"]) >= int(pk["unversioned_driver_from"]):
+        key = "driver_unversioned"
+    if component in ("fabricmanager", "nscq") and int(values["branch"]) >= int(pk["unversioned_fabric_from"]):
         key = component + "_unversioned"
     group = fam[key]
     if component == "driver":
@@ -134,6 +136,17 @@ def check_stack(stack: dict, gpu: str, os: str, nvswitch: bool, gpus: int = 1) -
         bad.append("fabric manager on a system without NVSwitch")
     if nvswitch and not g["nvswitch_capable"]:
         bad.append(f"{key} is never on an NVSwitch baseboard")
+    nscq = stack.get("nscq")
+    if nvswitch and (nscq is None or nscq["version"] != version):
+        bad.append("NVSwitch system needs libnvidia-nscq at exactly the driver version (DCGM)")
+    if not nvswitch and nscq is not None:
+        bad.append("libnvidia-nscq on a system without NVSwitch")
+    nvlsm = stack.get("nvlsm")
+    fourth = nvswitch and _data("gpus")["nvswitch_generations"].get(arch, 0) >= 4
+    if fourth and (nvlsm is None or nvlsm["version"] != str(_data("packages")["nvlsm_version"])):
+        bad.append(f"fourth-generation NVSwitch system ({arch}) needs the NVLink Subnet Manager (nvlsm)")
+    if not fourth and nvlsm is not None:
+        bad.append("nvlsm on a system without fourth-generation NVSwitches")
 
     tag = stack["ngc_pytorch"]
     if tag:
@@ -164,6 +177,10 @@ def check_stack(stack: dict, gpu: str, os: str, nvswitch: bool, gpus: int = 1) -
         bad.append("driver packages do not match the OS's package names/versions")
     if fm and fm["packages"] != _expected_packages(os, "fabricmanager", values):
         bad.append("fabric manager packages do not match the driver version")
+    if nscq and nscq["packages"] != _expected_packages(os, "nscq", values):
+        bad.append("libnvidia-nscq packages do not match the driver version")
+    if nvlsm and nvlsm["packages"] != _expected_packages(os, "nvlsm", {"nvlsm": nvlsm["version"]}):
+        bad.append("nvlsm packages do not match the nvlsm release")
     for pkg in stack["nccl"]["packages"]:
         if pkg["version"] != f"{nccl['version']}-1+cuda{nccl_cuda}":
             bad.append(f"NCCL package {pkg} is not at {nccl['version']}")

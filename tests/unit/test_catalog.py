@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpuprov.catalog import by_pci_id, is_nvswitch, lookup, models
+from gpuprov.catalog import FOURTH_GENERATION, by_pci_id, is_nvswitch, lookup, models, nvswitch_generation
 from gpuprov.errors import InputError
 
 
@@ -16,8 +16,10 @@ def test_lookup_by_name_alias_and_smi_name(name, key):
     assert lookup(name).key == key
 
 
+# pci.ids @ c1c12547d626: 2901 "GB100 [B200]", 2909 "GB100 [HGX B200 168GB]", 3182 "GB110 [B300 SXM6 AC]"
 @pytest.mark.parametrize("pci,key", [("20b2", "A100-SXM4-80GB"), ("2236", "A10"), ("2330", "H100-SXM"),
-                                     ("0x2335", "H200-SXM"), ("10de:2941", "GB200"), ("2684", "RTX-4090")])
+                                     ("0x2335", "H200-SXM"), ("10de:2941", "GB200"), ("2684", "RTX-4090"),
+                                     ("2901", "B200"), ("2909", "B200"), ("3182", "B300")])
 def test_by_pci_id(pci, key):
     assert by_pci_id(pci).key == key
 
@@ -29,6 +31,12 @@ def test_unknown_pci_id_is_none():
 def test_nvswitch_ids():
     assert is_nvswitch("1af1") and is_nvswitch("22a3") and is_nvswitch("10de:1AF1")
     assert not is_nvswitch("20b2")
+
+
+def test_blackwell_baseboards_carry_fourth_generation_nvswitches():
+    """Fabric Manager user guide: "Systems Using Fourth Generation NVSwitches" are DGX/HGX B200 and HGX B100."""
+    assert nvswitch_generation(lookup("B200").arch) == FOURTH_GENERATION == nvswitch_generation(lookup("B300").arch)
+    assert nvswitch_generation(lookup("H100").arch) == 3 and nvswitch_generation("ada") is None
 
 
 def test_unknown_name_suggests_and_lists():

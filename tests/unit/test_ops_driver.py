@@ -8,7 +8,8 @@ import pytest
 from test_ops_base import bare_facts, ctx_for, make_repo, make_stack, provisioned_facts
 
 from gpuprov.errors import InputError
-from gpuprov.ops import driver
+from gpuprov.ops import driver, pins
+from gpuprov.ops.pkg import for_family
 
 
 def plan(facts, stack=None):
@@ -36,7 +37,8 @@ def test_branch_change_unholds_then_replaces_the_old_branch_in_one_transaction()
                          "libnvidia-container1": "1.17.8-1"}
     facts["held"] = ["cuda-drivers-535", "libnvidia-compute-535", "nvidia-container-toolkit"]
     [change] = plan(facts)
-    update, unhold, install = change.commands
+    prefs, update, unhold, install = change.commands
+    assert pins.APT_PREFERENCES in prefs and update == for_family("debian").update()
     assert shlex.split(unhold)[-3:] == ["unhold", "cuda-drivers-535", "libnvidia-compute-535"]
     assert shlex.split(install)[-4:] == ["nvidia-open-570=570.148.08-1ubuntu1", "cuda-drivers-535-",
                                          "libnvidia-compute-535-", "nvidia-kernel-common-535-"]
@@ -53,12 +55,38 @@ def test_flavor_switch_to_open_drops_proprietary_kernel_modules_only():
     assert not any(w.startswith(("nvidia-kernel-common", "libnvidia-compute")) for w in words)
 
 
-def test_upgrade_within_the_branch_unholds_and_reinstalls():
-    stack = make_stack()
-    facts = provisioned_facts("debian", make_stack(version="570.133.20"), make_repo())
+def test_upgrade_within_the_branch_writes_the_new_pins_and_unholds_the_whole_installed_driver_first():
+    """Held at 570.133.20 (and pinned to it), the driver's packages could not move to 570.148.08."""
+    stack = make_stack(nvswitch=True)
+    facts = provisioned_facts("debian", make_stack(version="570.133.20", nvswitch=True), make_repo())
     [change] = plan(facts, stack)
-    assert "(installed: 570.133.20-1ubuntu1)" in change.summary
-    assert shlex.split(change.commands[1])[-2:] == ["unhold", "nvidia-open-570"]
+    assert "(installed: 570.133.20-1ubuntu1)" in change.summary and pins.APT_PREFERENCES in change.summary
+    prefs, _, unhold, install = change.commands
+    assert "Pin: version 570.148.08-*" in prefs and "-Pin: version 570.133.20-*\n" in change.diff
+    assert shlex.split(unhold)[-5:] == ["unhold", "libnvidia-compute-570", "nvidia-kernel-common-570",
+                                        "nvidia-open-570", "xserver-xorg-video-nvidia-570"]
+    assert shlex.split(install)[-1] == "nvidia-open-570=570.148.08-1ubuntu1"
+
+
+def test_nvidia_version_pinning_package_is_installed_in_its_own_transaction_before_the_driver():
+    """DIG-590: from R590 the branch is locked by nvidia-driver-pinning-<branch>, installed before the driver."""
+    stack = make_stack(branch="590", version="590.48.01")
+    stack["driver"]["packages"] = [{"name": "nvidia-driver-pinning-590", "version": "590.48.01-1"},
+                                   {"name": "nvidia-open", "version": "590.48.01-1ubuntu1"}]
+    [change] = plan(bare_facts(), stack)
+    _, _, pinning, rest = change.commands
+    assert shlex.split(pinning)[-1] == "nvidia-driver-pinning-590=590.48.01-1"
+    assert shlex.split(rest)[-1] == "nvidia-open=590.48.01-1ubuntu1" and "pinning" not in rest
+
+
+def test_rhel_unlocks_every_locked_package_of_the_installed_driver():
+    stack = make_stack("rhel")
+    facts = provisioned_facts("rhel", make_stack("rhel", version="570.133.20"), make_repo())
+    [change] = plan(facts, stack)
+    assert len(change.commands) == 3 and pins.APT_PREFERENCES not in change.commands[0]
+    assert shlex.split(change.commands[1]) == [
+        "dnf", "-y", "versionlock", "delete", "kmod-nvidia-open-dkms", "nvidia-driver", "nvidia-driver-cuda-libs",
+        "nvidia-kmod-common", "xorg-x11-nvidia"]
 
 
 def test_rhel_unlocks_removes_and_installs_exact_nevrs():

@@ -1,4 +1,5 @@
-"""Kernel headers/dkms for the running kernel; nouveau blacklist with initramfs rebuild."""
+"""Kernel headers/dkms for the running kernel and the headers metapackage of its series; nouveau blacklist with
+initramfs rebuild."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ def plan(facts):
 def test_debian_bare_host_gets_headers_of_the_running_kernel_and_a_nouveau_blacklist():
     headers, blacklist = plan(bare_facts())
     words = shlex.split(headers.commands[-1])
-    assert words[-3:] == ["--no-install-recommends", f"linux-headers-{KERNEL['debian']}", "dkms"]
+    assert words[-4:] == ["--no-install-recommends", f"linux-headers-{KERNEL['debian']}", "linux-headers-amd64",
+                          "dkms"]
     assert "$(" not in headers.commands[-1] and not headers.reboot
     assert blacklist.reboot
     assert "+blacklist nouveau\n+options nouveau modeset=0\n" in blacklist.diff
@@ -26,10 +28,42 @@ def test_debian_bare_host_gets_headers_of_the_running_kernel_and_a_nouveau_black
             "{ rm -f /etc/modprobe.d/gpuprov-blacklist-nouveau.conf; false; }; }") in blacklist.commands[0]
 
 
-def test_rhel_uses_kernel_devel_and_dracut():
+def test_rhel_uses_kernel_devel_matched_and_dracut():
+    """NVIDIA Driver Installation Guide (EL9): `dnf install kernel-devel-matched kernel-headers`."""
     headers, blacklist = plan(bare_facts("rhel"))
-    assert shlex.split(headers.commands[-1])[-3:] == [f"kernel-devel-{KERNEL['rhel']}", "kernel-headers", "dkms"]
+    assert shlex.split(headers.commands[-1])[-4:] == [f"kernel-devel-{KERNEL['rhel']}", "kernel-devel-matched",
+                                                      "kernel-headers", "dkms"]
     assert "dracut -f" in blacklist.commands[0]
+
+
+@pytest.mark.parametrize("os_id,version_id,release,installed,meta", [
+    ("debian", "12", "6.1.0-18-amd64", {}, "linux-headers-amd64"),
+    ("debian", "12", "6.1.0-18-cloud-amd64", {}, "linux-headers-cloud-amd64"),
+    ("debian", "12", "6.1.0-18-arm64", {}, "linux-headers-arm64"),
+    ("debian", "12", "6.1.0-18-rt-amd64", {}, "linux-headers-rt-amd64"),
+    ("ubuntu", "22.04", "5.15.0-105-generic", {"linux-image-generic": "5.15.0.105.102"}, "linux-headers-generic"),
+    ("ubuntu", "22.04", "6.8.0-45-generic", {"linux-image-generic-hwe-22.04": "6.8.0-45.45~22.04.1"},
+     "linux-headers-generic-hwe-22.04"),
+    ("ubuntu", "24.04", "6.8.0-1015-aws", {}, "linux-headers-aws"),
+    ("ubuntu", "24.04", "6.8.0-1012-nvidia", {}, "linux-headers-nvidia"),
+    ("ubuntu", "24.04", "6.8.0-1014-gcp", {}, "linux-headers-gcp"),
+    ("ubuntu", "24.04", "6.8.0-1017-azure", {}, "linux-headers-azure"),
+    ("ubuntu", "22.04", "6.5.0-1024-oem", {"linux-image-oem-22.04d": "6.5.0.1024.26"}, "linux-headers-oem-22.04d"),
+    ("ubuntu", "22.04", "6.5.0-1024-oem", {}, None),
+    ("debian", "12", "6.10.6+bpo-amd64", {}, None),
+])
+def test_headers_metapackage_follows_the_kernel_series(os_id, version_id, release, installed, meta):
+    assert kernel.headers_meta(os_id, version_id, release, installed) == meta
+
+
+def test_ubuntu_host_with_headers_but_without_the_metapackage_gets_only_the_metapackage():
+    facts = provisioned_facts("debian", make_stack(), make_repo())
+    facts["os"].update(id="ubuntu", version_id="22.04")
+    facts["kernel"] = "6.8.0-45-generic"
+    facts["packages"]["linux-image-generic-hwe-22.04"] = "6.8.0-45.45~22.04.1"
+    [headers] = plan(facts)
+    assert shlex.split(headers.commands[-1])[-1] == "linux-headers-generic-hwe-22.04"
+    assert "next kernel" in headers.summary
 
 
 def test_changed_blacklist_is_restored_when_the_rebuild_fails():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import subprocess
 
 import pytest
 from hypothesis import given
@@ -68,3 +69,23 @@ def test_every_package_spec_is_one_shell_word(name, version):
         pkg = Package(name, version)
         words = shlex.split(pm.install([pkg])[-1])
         assert words[-1] == pm.spec(pkg)
+
+
+def test_hold_installed_rejects_names_that_are_not_package_strings():
+    for family in ("debian", "rhel"):
+        with pytest.raises(InputError, match="not a valid package"):
+            for_family(family).hold_installed(["nvidia-open;reboot"], ["nvidia-"])
+        with pytest.raises(ValueError, match="plain names"):
+            for_family(family).hold_installed(["nvidia-open"], ["nvidia-|.*"])
+
+
+def test_versionlock_specs_are_not_expanded_as_file_globs(tmp_path):
+    """`name-EPOCH:VERSION-RELEASE.*` is a dnf pattern: a file matching it must not replace it."""
+    (tmp_path / "rpm").write_text("#!/bin/sh\necho 'libnccl (none):2.26.5-1+cuda12.9'\n")
+    (tmp_path / "dnf").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/log\n")
+    for stub in ("rpm", "dnf"):
+        (tmp_path / stub).chmod(0o755)
+    (tmp_path / "libnccl-0:2.26.5-1+cuda12.9.x86_64").write_text("")
+    command = for_family("rhel").hold_installed(["libnccl"], ["nvidia-"])
+    subprocess.run(["sh", "-ec", command], check=True, cwd=tmp_path, env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    assert (tmp_path / "log").read_text() == "-y versionlock add libnccl-0:2.26.5-1+cuda12.9.*\n"

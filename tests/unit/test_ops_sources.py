@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import shutil
 import subprocess
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_ops_base import CA_PEM, FPR, bare_facts, ctx_for, make_repo, make_stack, provisioned_facts
 
-from gpuprov.errors import InputError
+from gpuprov.errors import InputError, mask_credentials
 from gpuprov.ops import sources
 from gpuprov.ops.pkg import for_family
 
@@ -91,11 +92,69 @@ def test_metacharacters_in_mirror_and_proxy_stay_data(evil):
                     assert word in (evil + "key.pub", proxy) or word.startswith(("# Managed", "// Managed"))
 
 
-def test_proxy_password_never_reaches_summary_or_diff():
-    changes = plan(proxy="http://user:s3cret@proxy:3128")
+def by_path(changes) -> dict:
+    return {c.summary.split(" ")[1]: c for c in changes if c.summary.startswith(("create", "update", "remove"))}
+
+
+def test_mirror_and_proxy_logins_go_to_an_apt_auth_file_readable_by_root_only():
+    """apt_auth.conf(5): `machine [protocol://]hostname[:port][/path] login NAME password SECRET`; without a
+    protocol an entry matches https only."""
+    changes = plan(url="https://bob:s3cr%40t@mirror.internal/nvidia/debian12/x86_64/",
+                   proxy="http://px:pw@proxy.internal:3128")
+    files = by_path(changes)
+    auth = files[sources.APT_AUTH]
+    written = shlex.split(auth.commands[0])
+    assert written[written.index("printf") + 2] == (
+        "machine https://mirror.internal/nvidia/debian12/x86_64 login bob password s3cr@t\n"
+        "machine http://proxy.internal:3128 login px password pw\n")
+    assert "chmod 0600" in auth.commands[0]
+    assert files[sources.APT_LIST].diff.endswith(
+        f"+deb [signed-by={sources.APT_KEYRING}] https://mirror.internal/nvidia/debian12/x86_64/ /\n")
+    assert 'Acquire::https::Proxy "http://proxy.internal:3128";' in files[sources.APT_PROXY].diff
+    assert "chmod 0644" in files[sources.APT_PROXY].commands[0]
     for change in changes:
-        assert "s3cret" not in change.summary and "s3cret" not in (change.diff or "")
-    assert any("user:***@proxy" in (c.diff or "") for c in changes)
+        shown = change.summary + (change.diff or "") + mask_credentials(" ".join(change.commands))
+        assert "s3cr" not in shown and "pw" not in shown.replace("pwd", "")
+    assert "+machine https://mirror.internal/nvidia/debian12/x86_64 login bob password ***\n" in auth.diff
+
+
+def test_logins_removed_from_the_inventory_remove_the_auth_file():
+    facts = provisioned_facts("debian", make_stack(), make_repo())
+    facts["files"][sources.APT_AUTH] = "machine https://mirror.internal login bob password old\n"
+    changes = plan(facts=facts)
+    assert changes[0].commands == (f"rm -f {sources.APT_AUTH}",)
+    assert "password ***" in changes[0].diff and "old" not in changes[0].diff
+
+
+def test_rhel_repo_file_with_logins_is_root_only_and_masked():
+    changes = plan("rhel", url="https://bob:s3cret@mirror.internal/rhel9/", proxy="http://px:pw@p:3128")
+    repo = by_path(changes)[sources.DNF_REPO]
+    for line in ("baseurl=https://mirror.internal/rhel9/", "username=bob", "password=***", "proxy=http://p:3128",
+                 "proxy_username=px", "proxy_password=***"):
+        assert f"+{line}\n" in repo.diff
+    assert "s3cret" not in repo.diff and "chmod 0600" in repo.commands[0]
+    assert "s3cret" in repo.commands[0] and "s3cret" not in mask_credentials(repo.commands[0])
+    plain = by_path(plan("rhel", url="https://mirror.internal/rhel9/"))[sources.DNF_REPO]
+    assert "chmod 0644" in plain.commands[0] and "username=" not in plain.diff
+
+
+@pytest.mark.parametrize("url", ["https://bob@m/x/", "https://bob:@m/x/", "https://bob:a%20b@m/x/",
+                                 "https://bob:it%27s@m/x/"])
+def test_logins_that_auth_conf_cannot_carry_are_refused_without_showing_them(url):
+    with pytest.raises(InputError, match="need a user and a password") as info:
+        plan(url=url)
+    assert "a b" not in str(info.value) and "it's" not in str(info.value)
+
+
+def test_mask_credentials_masks_urls_auth_conf_entries_and_password_settings_and_keeps_json_valid():
+    text = ("https://bob:s3cret@m/x machine m/x login bob password s3cret\npassword=s3cret\n"
+            "proxy_password = s3cret\n")
+    assert "s3cret" not in mask_credentials(text)
+    assert mask_credentials("the sudo password is wrong") == "the sudo password is wrong"
+    dumped = json.dumps({"commands": ["printf %s 'machine m login bob password s\"3\\cret\n' > f"],
+                         "diff": "+password=s3cret\n+proxy=http://p\n"})
+    masked = mask_credentials(dumped)
+    assert "cret" not in masked and json.loads(masked)["diff"] == "+password=***\n+proxy=http://p\n"
 
 
 @pytest.mark.parametrize("repo,match", [

@@ -6,7 +6,7 @@ import pytest
 
 from gpuprov.errors import InputError
 from gpuprov.stack.data import table, vkey
-from gpuprov.stack.resolve import StackConflict, resolve, resolve_for_host
+from gpuprov.stack.resolve import Stack, StackConflict, resolve, resolve_for_host
 from gpuprov.stack.rules import check_stack
 
 CUDA_ROWS = [(u, d) for m, r in table("cuda")["releases"].items() for u, d in r["updates"].items()]
@@ -116,10 +116,44 @@ def test_volta_dropped_after_580_and_by_cuda_13():
 
 def test_fabricmanager_only_with_nvswitch_at_driver_version():
     plain = resolve("H100-SXM", "ubuntu-22.04", driver="570")
-    assert plain.fabricmanager is None
+    assert plain.fabricmanager is None and plain.nscq is None and plain.nvlsm is None
     hgx = resolve("H100-SXM", "ubuntu-22.04", driver="570", nvswitch=True, gpus=8)
     assert hgx.fabricmanager == {"version": hgx.driver["version"], "packages": [
         {"name": "nvidia-fabricmanager-570", "version": f"{hgx.driver['version']}-1"}]}
+
+
+# Expected names from NVIDIA's packaging: apt-packaging-libnvidia-nscq ("libnvidia-nscq-XXX_525.85.12-1"),
+# gpu-driver-container (`nvidia-fabricmanager=${DRIVER_VERSION}-1`, `libnvidia-nscq=${DRIVER_VERSION}-1` from
+# R580), ubuntu2404/x86_64 files nvidia-fabricmanager_580.105.08-1 / libnvidia-nscq_580.105.08-1, rhel9 files
+# nvidia-fabricmanager-610.43.02-1.el9 / libnvidia-nscq-610.43.02-1.el9, nvlsm_2025.10.11-1 (Fabric Manager user
+# guide: fourth-generation NVSwitch systems need NVLSM).
+@pytest.mark.parametrize("gpu,os_key,driver,fabric,nvlsm", [
+    ("H100-SXM", "ubuntu-22.04", "570.148.08",
+     [("nvidia-fabricmanager-570", "570.148.08-1"), ("libnvidia-nscq-570", "570.148.08-1")], None),
+    ("H200-SXM", "rocky-9", "570.148.08",
+     [("nvidia-fabric-manager", "570.148.08-1"), ("libnvidia-nscq-570", "570.148.08-1")], None),
+    ("B200", "ubuntu-24.04", "570.148.08",
+     [("nvidia-fabricmanager-570", "570.148.08-1"), ("libnvidia-nscq-570", "570.148.08-1")], "2025.10.11-1"),
+    ("B200", "ubuntu-24.04", "580.105.08",
+     [("nvidia-fabricmanager", "580.105.08-1"), ("libnvidia-nscq", "580.105.08-1")], "2025.10.11-1"),
+    ("B300", "rhel-9", "610.43.02",
+     [("nvidia-fabricmanager", "610.43.02-1.el9"), ("libnvidia-nscq", "610.43.02-1.el9")], "2025.10.11-1"),
+])
+def test_nvswitch_stacks_get_fabric_manager_nscq_and_on_blackwell_nvlsm(gpu, os_key, driver, fabric, nvlsm):
+    stack = resolve(gpu, os_key, nvswitch=True, gpus=8, driver=driver)
+    got = [(p["name"], p["version"]) for p in stack.fabricmanager["packages"] + stack.nscq["packages"]]
+    assert got == fabric and stack.nscq["version"] == driver
+    assert stack.nvlsm == (None if nvlsm is None else {"version": nvlsm.removesuffix("-1"),
+                                                       "packages": [{"name": "nvlsm", "version": nvlsm}]})
+    assert check_stack(stack.to_dict(), gpu, os_key, True, 8) == []
+
+
+def test_stacks_locked_before_nscq_and_nvlsm_load_without_them():
+    data = resolve("H100-SXM", "ubuntu-22.04", nvswitch=True, driver="570").to_dict()
+    del data["nscq"], data["nvlsm"]
+    stack = Stack.from_dict(data)
+    assert stack.nscq is None and stack.nvlsm is None
+    assert [p["name"] for p in stack.packages()][:2] == ["nvidia-open-570", "nvidia-fabricmanager-570"]
 
 
 def test_nvswitch_on_pcie_gpu_conflicts():
@@ -157,8 +191,8 @@ def test_driver_packages_by_os():
 def test_to_dict_contract_all_versions_strings():
     data = resolve("H200", "ubuntu-24.04", nvswitch=True, gpus=8).to_dict()
     assert list(data) == ["gpu", "os", "driver", "cuda", "forward_compat", "nccl", "container_toolkit",
-                          "fabricmanager", "dcgm", "ngc_pytorch", "pytorch"]
-    for part in ("driver", "cuda", "nccl", "container_toolkit", "fabricmanager", "dcgm"):
+                          "fabricmanager", "dcgm", "ngc_pytorch", "pytorch", "nscq", "nvlsm"]
+    for part in ("driver", "cuda", "nccl", "container_toolkit", "fabricmanager", "dcgm", "nscq"):
         assert isinstance(data[part]["version"], str)
         assert all(isinstance(p["name"], str) and isinstance(p["version"], str) for p in data[part]["packages"])
     json.dumps(data)
@@ -192,3 +226,27 @@ def test_resolve_for_host_facts_override_inventory():
 def test_resolve_for_host_rejects_unknown_stack_vars():
     with pytest.raises(InputError):
         resolve_for_host({"hardware": {"gpu": "T4"}, "stack": {"cudaa": "12.8"}}, "debian-12")
+
+
+def _b200_facts(**overrides):
+    facts = {"host": "gpu01", "os": {"key": "ubuntu-24.04"}, "nvswitch_count": 0,
+             "pci_gpus": [{"device_id": "2901", "model": "B200"}] * 8}
+    return {**facts, **overrides}
+
+
+def test_blackwell_nvswitches_are_no_pci_devices_so_the_inventory_decides():
+    stack = resolve_for_host({"hardware": {"gpu": "B200", "count": 8, "nvswitch": True}}, None, _b200_facts())
+    assert stack.fabricmanager is not None and stack.nvlsm is not None
+    assert resolve_for_host({"hardware": {"gpu": "B200", "count": 8}}, None, _b200_facts()).fabricmanager is None
+
+
+def test_hopper_without_nvswitch_in_the_pci_scan_has_none_whatever_the_inventory_says():
+    facts = _b200_facts(pci_gpus=[{"device_id": "2330", "model": "H100-SXM"}] * 8)
+    stack = resolve_for_host({"hardware": {"gpu": "H100-SXM", "nvswitch": True}}, None, facts)
+    assert stack.fabricmanager is None and stack.nscq is None
+
+
+def test_an_empty_pci_scan_leaves_nvswitch_to_the_inventory():
+    facts = _b200_facts(pci_gpus=[])
+    stack = resolve_for_host({"hardware": {"gpu": "H100-SXM", "count": 8, "nvswitch": True}}, None, facts)
+    assert stack.fabricmanager is not None and stack.nscq is not None and stack.nvlsm is None
