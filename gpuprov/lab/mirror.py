@@ -1,5 +1,13 @@
-"""The lab mirror: a signed flat apt repository of stand-in packages, served over HTTP by a lab container on
-the lab's internal network (`deb [signed-by=...] http://<ip>/ /`).
+"""The lab mirror: a signed flat apt repository of stand-in packages and real Debian packages (docker.io,
+prometheus-node-exporter and what a bare lab host lacks for them, see gpuprov.lab.debian), served over HTTP by a
+lab container on the lab's internal network (`deb [signed-by=...] http://<ip>/ /`).
+
+The repository also carries a newer point release of every lab profile's newest driver branch
+(`standins.point_release_packages`: `595.58.03-1` and `595.999.01-1` of the same packages), as NVIDIA's
+repository carries every point release of a branch. apt (2.6) installs an older metapackage version
+(`nvidia-open=595.58.03-1`) only when the packages it depends on at exactly its version are pinned to that
+version too (their candidates are otherwise the newer release and the install fails with "but 595.999.01-1 is to
+be installed"): provisioning writes its apt pins before it installs the driver.
 
     ensure_mirror(lab_or_network) -> MirrorInfo    build the repository if needed, (re)start its container
     running_mirror(client, paths) -> MirrorInfo    the mirror as it serves now (None if it does not)
@@ -24,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuprov.errors import GpuprovError
+from gpuprov.lab.debian import DebianDeb, DebianDebs
 from gpuprov.lab.labels import BASE_REPO, HOST_REPO, LABEL, LABELS, NETWORK, ROLE_LABEL
 from gpuprov.lab.standins import (
     PackageSpec,
@@ -31,6 +40,7 @@ from gpuprov.lab.standins import (
     gpu_profiles_table,
     inputs_digest,
     lab_stacks,
+    point_release_packages,
     standin_packages,
 )
 from gpuprov.lab.state import LabPaths, LabState
@@ -39,6 +49,9 @@ MIRROR_NAME = "gpuprov-lab-mirror"
 DIGEST_LABEL = "gpuprov.lab.mirror-digest"
 KEY_UID = "gpuprov lab mirror <lab@gpuprov.invalid>"
 SERVE_DIR = "/srv/mirror"
+DEBIAN_POOL = "pool/debian"
+POINT_RELEASE_POOL = "pool/point-release"
+LAYOUT = "2"  # the repository's layout (part of its digest): stand-ins, point release and Debian pools, one index
 READY_TIMEOUT_S = 30
 Progress = Callable[[str], None]
 
@@ -54,6 +67,8 @@ class MirrorInfo:
     repo: Path | None = None
     packages: tuple[PackageSpec, ...] = ()
     timings: dict[str, float] = field(default_factory=dict, compare=False)
+    point_release: tuple[PackageSpec, ...] = ()
+    debian: tuple[DebianDeb, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -65,11 +80,14 @@ class MirrorRepo:
     fingerprint: str
     key_file: Path
     packages: tuple[PackageSpec, ...]
+    point_release: tuple[PackageSpec, ...] = ()
+    debian: tuple[DebianDeb, ...] = ()
 
 
 def mirror_vars(info: MirrorInfo) -> dict:
     """The inventory's `mirror:` variables for the lab hosts."""
     return {"url": info.url, "key_file": str(info.key_file), "fingerprint": info.fingerprint}
+
 
 
 def _quiet(_: str) -> None:
@@ -180,11 +198,13 @@ def packages_index(debs: list[Path], root: Path) -> str:
     return "\n\n".join(stanzas) + "\n"
 
 
-def release_text(root: Path, names: list[str], arch: str) -> str:
+def release_text(root: Path, names: list[str], arch: str,
+                 description: str = "gpuprov lab mirror: stand-in packages (not NVIDIA software) and Debian "
+                                    "packages") -> str:
     """A flat repository's `Release` (no Suite: `deb URL /` checks none)."""
     lines = ["Origin: gpuprov-lab", "Label: gpuprov-lab",
              f"Date: {time.strftime('%a, %d %b %Y %H:%M:%S UTC', time.gmtime())}", f"Architectures: {arch} all",
-             "Description: gpuprov lab mirror: stand-in packages, not NVIDIA software"]
+             f"Description: {description}"]
     files = {name: (root / name).read_bytes() for name in names}
     for field_name, algo in (("MD5Sum", "md5"), ("SHA1", "sha1"), ("SHA256", "sha256")):
         lines.append(f"{field_name}:")
@@ -192,39 +212,69 @@ def release_text(root: Path, names: list[str], arch: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _link(source: Path, target: Path) -> None:
+    """Hard-link `source` to `target` (a copy across file systems)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
+def _write_index(paths: LabPaths, fpr: str, root: Path, debs: list[Path], arch: str, description: str) -> None:
+    """Packages, Packages.gz, Release, InRelease and Release.gpg of the flat repository at `root`."""
+    index = packages_index(debs, root).encode()
+    (root / "Packages").write_bytes(index)
+    (root / "Packages.gz").write_bytes(gzip.compress(index, mtime=0))
+    (root / "Release").write_text(release_text(root, ["Packages", "Packages.gz"], arch, description),
+                                  encoding="utf-8")
+    home = paths.state_dir / "mirror-gnupg"
+    try:
+        _gpg(home, "--local-user", fpr, "--digest-algo", "SHA512", "--clearsign",
+             "--output", str(root / "InRelease"), str(root / "Release"))
+        _gpg(home, "--local-user", fpr, "--digest-algo", "SHA512", "--armor", "--detach-sign",
+             "--output", str(root / "Release.gpg"), str(root / "Release"))
+    finally:
+        _stop_agent(home)
+
+
 def build_repo(paths: LabPaths, stacks: list[dict] | None = None, kernel: str | None = None,
-               progress: Progress = _quiet) -> MirrorRepo:
-    """Build (or reuse) the signed repository for `stacks` (default: `lab_stacks()`) under .lab/mirror/."""
+               progress: Progress = _quiet, debian: DebianDebs | None = None) -> MirrorRepo:
+    """Build (or reuse) the signed repository for `stacks` (default: `lab_stacks()`) under .lab/mirror/: the
+    stand-ins, the newer point release of each profile's newest driver branch (in pool/point-release/) and the
+    real Debian packages `debian` (in pool/debian/)."""
     ensure_tools(progress)
     fpr = ensure_key(paths, progress)
     kernel = kernel or platform.release()
     arch = machine_arch()
-    specs = standin_packages(stacks if stacks is not None else lab_stacks(), kernel)
+    stacks = stacks if stacks is not None else lab_stacks()
+    specs = standin_packages(stacks, kernel)
+    point = point_release_packages(stacks)
+    real = debian.debs if debian is not None else ()
     gpu_table = gpu_profiles_table()
-    digest = hashlib.sha256(f"{inputs_digest(specs, gpu_table, arch)}:{fpr}".encode()).hexdigest()[:16]
+    inputs = inputs_digest([*specs, *point], gpu_table, arch)
+    debian_digest = debian.digest() if debian is not None else "none"
+    digest = hashlib.sha256(f"{inputs}:{debian_digest}:{fpr}:{LAYOUT}".encode()).hexdigest()[:16]
     cache = paths.state_dir / "mirror"
     repo = cache / digest
     key_file = paths.state_dir / "mirror-key.asc"
+    built = MirrorRepo(repo, digest, fpr, key_file, tuple(specs), tuple(point), tuple(real))
     if (repo / "InRelease").exists():
-        progress(f"mirror: repository {digest} cached ({len(specs)} packages)")
-        return MirrorRepo(repo, digest, fpr, key_file, tuple(specs))
+        progress(f"mirror: repository {digest} cached ({len(specs)} stand-ins, {len(real)} Debian packages, "
+                 f"{len(point)} in the point release)")
+        return built
     started = time.monotonic()
     cache.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".build-", dir=cache))
     try:
         debs = build_debs(specs, work / "pool", gpu_table, arch)
-        index = packages_index(debs, work).encode()
-        (work / "Packages").write_bytes(index)
-        (work / "Packages.gz").write_bytes(gzip.compress(index, mtime=0))
-        (work / "Release").write_text(release_text(work, ["Packages", "Packages.gz"], arch), encoding="utf-8")
-        home = paths.state_dir / "mirror-gnupg"
-        try:
-            _gpg(home, "--local-user", fpr, "--digest-algo", "SHA512", "--clearsign",
-                 "--output", str(work / "InRelease"), str(work / "Release"))
-            _gpg(home, "--local-user", fpr, "--digest-algo", "SHA512", "--armor", "--detach-sign",
-                 "--output", str(work / "Release.gpg"), str(work / "Release"))
-        finally:
-            _stop_agent(home)
+        debs += build_debs(point, work / POINT_RELEASE_POOL, gpu_table, arch)
+        for deb in real:
+            target = work / DEBIAN_POOL / deb.path.name
+            _link(deb.path, target)
+            debs.append(target)
+        _write_index(paths, fpr, work, debs, arch,
+                     "gpuprov lab mirror: stand-in packages (not NVIDIA software) and Debian packages")
         shutil.copyfile(key_file, work / "gpuprov-lab-mirror.asc")
         for old in cache.iterdir():
             if old.is_dir() and old != work:
@@ -232,9 +282,9 @@ def build_repo(paths: LabPaths, stacks: list[dict] | None = None, kernel: str | 
         work.rename(repo)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    progress(f"mirror: built {len(specs)} stand-in packages and signed repository {digest} "
-             f"in {time.monotonic() - started:.1f} s")
-    return MirrorRepo(repo, digest, fpr, key_file, tuple(specs))
+    progress(f"mirror: built {len(specs)} stand-in packages ({len(point)} more in the point release), added "
+             f"{len(real)} Debian packages and signed repository {digest} in {time.monotonic() - started:.1f} s")
+    return built
 
 
 # ------------------------------------------------------------------------------------------- container
@@ -332,13 +382,16 @@ def ensure_mirror(lab: LabState | str = NETWORK, *, paths: LabPaths | None = Non
     network_name = (lab.network or NETWORK) if isinstance(lab, LabState) else lab
     paths = paths or (lab.paths if isinstance(lab, LabState) else LabPaths.default())
     timings: dict[str, float] = {}
+    client = client or ensure_engine(progress)
+    tag = _image(client, lab, image)
     mark = time.monotonic()
-    repo = build_repo(paths, stacks, progress=progress)
+    debian = _debian_debs(paths, client, tag, progress)
+    timings["debian_s"] = time.monotonic() - mark
+    mark = time.monotonic()
+    repo = build_repo(paths, stacks, progress=progress, debian=debian)
     timings["build_s"] = time.monotonic() - mark
     mark = time.monotonic()
-    client = client or ensure_engine(progress)
     network = _network(client, network_name)
-    tag = _image(client, lab, image)
     container = _find(client)
     fresh = (container is not None and container.labels.get(DIGEST_LABEL) == repo.digest
              and tag in (container.image.tags or []) and network_name in
@@ -366,9 +419,29 @@ def ensure_mirror(lab: LabState | str = NETWORK, *, paths: LabPaths | None = Non
                            command=f"docker inspect {MIRROR_NAME}", hint="`invoke lab.down`, then `invoke lab.up`")
     timings["serve_s"] = time.monotonic() - mark
     url = f"http://{ip}/"
-    progress(f"mirror: serving {len(repo.packages)} packages at {url} (key {repo.fingerprint})")
+    progress(f"mirror: serving {len(repo.packages)} stand-ins, {len(repo.point_release)} of a newer point release "
+             f"and {len(repo.debian)} Debian packages at {url} (key {repo.fingerprint})")
     return MirrorInfo(url=url, key_file=repo.key_file, fingerprint=repo.fingerprint, ip=ip, repo=repo.path,
-                      packages=repo.packages, timings=timings)
+                      packages=repo.packages, timings=timings, point_release=repo.point_release,
+                      debian=repo.debian)
+
+
+def _debian_debs(paths: LabPaths, client, image: str, progress: Progress) -> DebianDebs:
+    """The real Debian packages for the mirror, resolved against the lab's base image (the host image has the
+    same packages) so that a rebuilt host image does not resolve again. When they cannot be fetched (no
+    network) the last downloaded set is used, if there is one."""
+    from gpuprov.lab.debian import cached_debian_debs, ensure_debian_debs
+    from gpuprov.lab.images import _image_exists, base_tag
+
+    base = base_tag() if _image_exists(client, base_tag()) else image
+    try:
+        return ensure_debian_debs(paths, client, base, progress=progress)
+    except GpuprovError as exc:
+        cached = cached_debian_debs(paths)
+        if cached is None:
+            raise
+        progress(f"mirror: using the Debian packages downloaded before ({exc})")
+        return cached
 
 
 def running_mirror(client, paths: LabPaths, network: str = NETWORK) -> MirrorInfo | None:

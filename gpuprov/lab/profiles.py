@@ -25,6 +25,7 @@ class Profile:
     description: str
     hardware: dict
     devices: list[dict] = field(repr=False)
+    vars: dict = field(default_factory=dict)
 
     def gpu_devices(self) -> list[dict]:
         """The NVIDIA GPUs (display class 03xx) among the devices."""
@@ -52,14 +53,32 @@ def _device(data: dict, vendors: dict, classes: dict, where: str) -> dict:
             "rev": str(rev) if rev is not None else None}
 
 
-def _nvidia_group(block: dict, vendors: dict, classes: dict, where: str) -> list[dict]:
+def _device_group(block: dict, vendors: dict, classes: dict, where: str) -> list[dict]:
+    """A block's devices: one per slot (vendor NVIDIA unless the block names another), plus its functions."""
+    vendor = str(block.get("vendor", NVIDIA))
     devices = []
     for slot in block.get("slots") or []:
-        devices.append(_device({**block, "slot": slot, "vendor": NVIDIA}, vendors, classes, where))
+        devices.append(_device({**block, "slot": slot, "vendor": vendor}, vendors, classes, where))
         for extra in block.get("functions") or []:
             func_slot = f"{str(slot).rsplit('.', 1)[0]}.{extra['function']}"
-            devices.append(_device({**extra, "slot": func_slot, "vendor": NVIDIA}, vendors, classes, where))
+            devices.append(_device({**extra, "slot": func_slot, "vendor": vendor}, vendors, classes, where))
     return devices
+
+
+# Inventory variables a profile may give its group.
+PROFILE_VARS = {"container_engine": ("docker",)}
+
+
+def _profile_vars(value, where: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InputError(f"{where}: vars must be a mapping", step="lab profiles")
+    for key, item in value.items():
+        if key not in PROFILE_VARS or item not in PROFILE_VARS[key]:
+            raise InputError(f"{where}: vars.{key}: {item!r} is not allowed (allowed: "
+                             f"{', '.join(f'{k}: {v}' for k, v in PROFILE_VARS.items())})", step="lab profiles")
+    return dict(value)
 
 
 def parse_profiles(data: dict) -> dict[str, Profile]:
@@ -73,10 +92,11 @@ def parse_profiles(data: dict) -> dict[str, Profile]:
         hardware = spec.get("hardware") or {}
         if set(hardware) != {"gpu", "count", "nvswitch"}:
             raise InputError(f"{where}: hardware must have exactly gpu, count, nvswitch", step="lab profiles")
-        gpus = _nvidia_group(spec.get("gpu") or {}, vendors, classes, where)
-        switches = _nvidia_group(spec.get("nvswitch") or {}, vendors, classes, where)
+        gpus = _device_group({**(spec.get("gpu") or {}), "vendor": NVIDIA}, vendors, classes, where)
+        switches = _device_group(spec.get("nvswitch") or {}, vendors, classes, where)
         devices = common + gpus + switches
-        profile = Profile(name, spec.get("description", ""), dict(hardware), devices)
+        profile = Profile(name, spec.get("description", ""), dict(hardware), devices,
+                          _profile_vars(spec.get("vars"), where))
         if len(profile.gpu_devices()) != hardware["count"]:
             raise InputError(f"{where}: hardware.count is {hardware['count']} but {len(profile.gpu_devices())} "
                              "GPU slots are listed", step="lab profiles")

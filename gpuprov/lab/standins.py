@@ -32,7 +32,37 @@ MODULE_UNIT = "gpuprov-lab-nvidia-module.service"
 TRIPLETS = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
 # Mutually exclusive stand-ins (another branch replaces the installed one, as NVIDIA's packages do).
 EXCLUSIVE = {"driver": "gpuprov-lab-nvidia-driver", "driver_pinning": "gpuprov-lab-nvidia-driver-pinning",
-             "fabricmanager": "gpuprov-lab-nvidia-fabricmanager"}
+             "fabricmanager": "gpuprov-lab-nvidia-fabricmanager", "nscq": "gpuprov-lab-nvidia-nscq"}
+
+# The packages a driver metapackage pulls, as NVIDIA packages them for Debian/Ubuntu (CUDA repository, and
+# nvidia-graphics-drivers-<br> on Ubuntu): metapackage -> nvidia-driver + nvidia-dkms of its branch and flavor,
+# which pull the libraries, tools and kernel-module packages, every one at exactly the metapackage's version.
+# Branch-suffixed names (< 590) are those a real `apt-get install cuda-runtime-12-9` removed from a host with
+# nvidia-open-570 570.133.20 (libnvidia-compute-570, nvidia-utils-570, nvidia-compute-utils-570,
+# nvidia-dkms-570-open, nvidia-driver-570-open, nvidia-kernel-common-570, nvidia-kernel-source-570-open,
+# nvidia-firmware-570-570.133.20, libnvidia-gl-570, ...). From 590 on NVIDIA drops the branch from the names
+# (Driver Installation Guide, "Ubuntu 590 and later packages": libnvidia-compute-580 -> libnvidia-compute,
+# nvidia-dkms-580-open -> nvidia-dkms-open); the names of that table's rows not captured in
+# shared/reference follow the same rule (unconfirmed). The branch is then held by nvidia-driver-pinning-<br>.
+# part -> (name with the branch, name without it, flavored, [parts it depends on])
+DRIVER_PARTS: dict[str, tuple[str, str, bool, tuple[str, ...]]] = {
+    "core": ("nvidia-driver-{br}", "nvidia-driver", True,
+             ("compute", "utils", "compute_utils", "gl", "xserver")),
+    "dkms": ("nvidia-dkms-{br}", "nvidia-dkms", True, ("kernel_source", "kernel_common")),
+    "kernel_source": ("nvidia-kernel-source-{br}", "nvidia-kernel-source", True, ()),
+    "kernel_common": ("nvidia-kernel-common-{br}", "nvidia-kernel-common", False, ("firmware",)),
+    "firmware": ("nvidia-firmware-{br}-{v}", "nvidia-firmware-{v}", False, ()),
+    "compute": ("libnvidia-compute-{br}", "libnvidia-compute", False, ("kernel_common",)),
+    "utils": ("nvidia-utils-{br}", "nvidia-utils", False, ("compute",)),
+    "compute_utils": ("nvidia-compute-utils-{br}", "nvidia-compute-utils", False, ("compute",)),
+    "gl": ("libnvidia-gl-{br}", "libnvidia-gl", False, ()),
+    "xserver": ("xserver-xorg-video-nvidia-{br}", "xserver-xorg-video-nvidia", False, ()),
+}
+META_PARTS = ("core", "dkms")
+# What a CUDA toolkit metapackage pulls (cuda-toolkit-X-Y -> these -X-Y parts at its version).
+CUDA_PARTS = ("cuda-compiler", "cuda-libraries", "cuda-libraries-dev", "cuda-tools", "cuda-nvml-dev")
+# The newer point release the mirror also publishes (see newer_point_release): same branch, this minor.
+NEWER_POINT_MINOR = "999"
 _PACKAGE_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]+")
 _VERSION = re.compile(r"(\d+:)?[0-9][A-Za-z0-9.+~-]*")
 
@@ -46,10 +76,15 @@ class PackageSpec:
     version: str
     role: str
     upstream: str
+    depends: tuple[str, ...] = ()
 
     @property
     def filename_version(self) -> str:
         return self.version.split(":", 1)[-1]
+
+    def exact(self) -> str:
+        """This package as a dependency on exactly its version: `name (= version)`."""
+        return f"{self.name} (= {self.version})"
 
 
 @dataclass
@@ -98,6 +133,124 @@ def lab_stacks(profiles=None, previous: int = 2) -> list[dict]:
     return stacks
 
 
+def _driver_meta_flavor(name: str) -> str | None:
+    """"open" / "proprietary" for a driver metapackage name (nvidia-open[-<br>], cuda-drivers[-<br>])."""
+    if re.fullmatch(r"nvidia-open(-\d{3})?", name):
+        return "open"
+    if re.fullmatch(r"cuda-drivers(-\d{3})?", name):
+        return "proprietary"
+    return None
+
+
+def driver_parts(meta: PackageSpec) -> list[PackageSpec]:
+    """The packages a driver metapackage depends on (recursively), each at the metapackage's version, with
+    their own Depends; `meta` itself is not in the list (see `with_driver_depends`)."""
+    flavor = _driver_meta_flavor(meta.name)
+    if flavor is None:
+        return []
+    branch = meta.upstream.split(".")[0]
+    versioned = meta.name.endswith(f"-{branch}")
+    names = {}
+    for part, (with_branch, without, flavored, _) in DRIVER_PARTS.items():
+        name = (with_branch if versioned else without).format(br=branch, v=meta.upstream)
+        names[part] = name + ("-open" if flavored and flavor == "open" else "")
+    out = []
+    for part, (_, _, _, needs) in DRIVER_PARTS.items():
+        depends = tuple(f"{names[n]} (= {meta.version})" for n in needs)
+        if part == "dkms":
+            depends += (DKMS.name,)
+        out.append(PackageSpec(names[part], meta.version, f"driver_{part}", meta.upstream, depends))
+    return out
+
+
+def with_driver_depends(meta: PackageSpec) -> PackageSpec:
+    """The metapackage with its Depends on the core driver and kernel-module packages at its version."""
+    parts = {p.role: p for p in driver_parts(meta)}
+    if not parts:
+        return meta
+    return PackageSpec(meta.name, meta.version, meta.role, meta.upstream,
+                       tuple(parts[f"driver_{part}"].exact() for part in META_PARTS))
+
+
+def cuda_parts(toolkit: PackageSpec) -> list[PackageSpec]:
+    """cuda-toolkit-X-Y's parts (cuda-compiler-X-Y, ...) at its version."""
+    suffix = toolkit.name.removeprefix("cuda-toolkit-")
+    if suffix == toolkit.name or not re.fullmatch(r"\d+-\d+", suffix):
+        return []
+    return [PackageSpec(f"{part}-{suffix}", toolkit.version, "cuda_part", toolkit.upstream) for part in CUDA_PARTS]
+
+
+def with_cuda_depends(toolkit: PackageSpec) -> PackageSpec:
+    parts = cuda_parts(toolkit)
+    if not parts:
+        return toolkit
+    return PackageSpec(toolkit.name, toolkit.version, toolkit.role, toolkit.upstream, tuple(p.exact() for p in parts))
+
+
+def expand(specs: list[PackageSpec]) -> list[PackageSpec]:
+    """`specs` with the metapackages' Depends filled in and every part they pull added (deduplicated, sorted)."""
+    seen: dict[tuple[str, str], PackageSpec] = {}
+    for spec in specs:
+        if spec.role == "driver":
+            extra = driver_parts(spec)
+            spec = with_driver_depends(spec)
+        elif spec.role == "cuda":
+            extra = cuda_parts(spec)
+            spec = with_cuda_depends(spec)
+        else:
+            extra = []
+        for item in (spec, *extra):
+            seen.setdefault((item.name, item.version), item)
+    return sorted(seen.values(), key=lambda s: (s.name, s.version))
+
+
+def newer_upstream(upstream: str) -> str:
+    """The newer point release of a driver version: same branch, minor NEWER_POINT_MINOR
+    ("570.148.08" -> "570.999.01", "595.80" -> "595.999")."""
+    fields = upstream.split(".")
+    return ".".join([fields[0], NEWER_POINT_MINOR] + ["01"] * (len(fields) > 2))
+
+
+def newer_point_release(stack: dict) -> list[PackageSpec]:
+    """What the lab mirror publishes as a newer point release of `stack`'s driver branch, beside the stack's
+    own versions (see gpuprov.lab.mirror): every package of the stack versioned like the driver
+    (the metapackage and pinning package, the fabric manager, NSCQ), and every package the metapackage pulls, all
+    at `newer_upstream()` of the driver version (`570.211.01-1` -> `570.999.01-1`). Packages with versions of
+    their own (CUDA, NCCL, toolkit, DCGM, cuda-compat) are not re-released."""
+    driver = stack["driver"]
+    old, new = str(driver["version"]), newer_upstream(str(driver["version"]))
+    specs = []
+    for component, part in stack.items():
+        if not isinstance(part, dict) or not isinstance(part.get("packages"), list):
+            continue
+        for pkg in part["packages"]:
+            name, version = str(pkg["name"]), str(pkg["version"])
+            if _upstream(version) != old:
+                continue
+            bumped = version.replace(old, new, 1)
+            specs.append(PackageSpec(name, bumped, _role(component, name), new))
+    return expand(specs)
+
+
+def newest_stacks(stacks: list[dict]) -> list[dict]:
+    """Per GPU model, the stack with the newest driver branch (what each lab profile resolves by default)."""
+    best: dict[str, dict] = {}
+    for stack in stacks:
+        model = stack["gpu"]["model"]
+        if model not in best or int(stack["driver"]["branch"]) > int(best[model]["driver"]["branch"]):
+            best[model] = stack
+    return list(best.values())
+
+
+def point_release_packages(stacks: list[dict]) -> list[PackageSpec]:
+    """The newer point release of every lab profile's newest driver branch (deduplicated, sorted)."""
+    seen: dict[tuple[str, str], PackageSpec] = {}
+    for stack in newest_stacks(stacks):
+        for spec in newer_point_release(stack):
+            seen.setdefault((spec.name, spec.version), spec)
+    return sorted(seen.values(), key=lambda s: (s.name, s.version))
+
+
 def _role(component: str, name: str) -> str:
     if component == "driver" and name.startswith("nvidia-driver-pinning-"):
         return "driver_pinning"
@@ -112,14 +265,14 @@ def _upstream(version: str) -> str:
 
 
 def standin_packages(stacks: list[dict], kernel: str) -> list[PackageSpec]:
-    """Every package of `stacks` (Stack.to_dict() documents), deduplicated by (name, version), plus the
-    `linux-headers-<kernel>` stand-in; in a stable order."""
+    """Every package of `stacks` (Stack.to_dict() documents) with every package their driver and CUDA
+    metapackages pull (`expand`), deduplicated by (name, version), plus the `linux-headers-<kernel>` and
+    `dkms` stand-ins; in a stable order."""
     seen: dict[tuple[str, str], PackageSpec] = {}
     for stack in stacks:
-        for component in ("driver", "fabricmanager", "cuda", "nccl", "container_toolkit", "dcgm"):
-            part = stack.get(component)
-            if not part:
-                continue
+        for component, part in stack.items():
+            if not isinstance(part, dict) or not isinstance(part.get("packages"), list):
+                continue  # null sections, and sections without packages (gpu, pytorch)
             for pkg in part["packages"]:
                 name, version = str(pkg["name"]), str(pkg["version"])
                 if not _PACKAGE_NAME.fullmatch(name) or not _VERSION.fullmatch(version):
@@ -130,7 +283,7 @@ def standin_packages(stacks: list[dict], kernel: str) -> list[PackageSpec]:
                 seen.setdefault((name, version), PackageSpec(name, version, role, upstream))
     for spec in (kernel_headers_spec(kernel), DKMS):
         seen.setdefault((spec.name, spec.version), spec)
-    return sorted(seen.values(), key=lambda s: (s.name, s.version))
+    return expand(list(seen.values()))
 
 
 # The lab hosts see no Debian mirror (an air-gapped site), so what the driver pulls from Debian is here too.
@@ -197,7 +350,7 @@ def _marker(spec: PackageSpec) -> str:
 
 def _enable_script(unit: str, first_load: bool) -> str:
     load = ("  mkdir -p /run/gpuprov-lab\n"
-            "  [ -e /run/gpuprov-lab/loaded-driver ] || cp /usr/lib/gpuprov-lab/driver-version "
+            "  [ -e /run/gpuprov-lab/loaded-driver ] || cp /usr/lib/gpuprov-lab/module-version "
             "/run/gpuprov-lab/loaded-driver\n") if first_load else ""
     return ("#!/bin/sh\nset -e\nif [ \"$1\" = configure ]; then\n"
             "  mkdir -p /etc/systemd/system/multi-user.target.wants\n"
@@ -221,17 +374,31 @@ def package_contents(spec: PackageSpec, gpu_table: dict, arch: str = "amd64") ->
     out.add(f"usr/share/doc/{spec.name}/gpuprov-lab-standin", _marker(spec))
     triplet = TRIPLETS.get(arch, f"{arch}-linux-gnu")
     role, v = spec.role, spec.upstream
-    if role == "driver":
-        out.add("usr/bin/nvidia-smi", _template("nvidia-smi"), 0o755)
+    if role in ("driver", "driver_core", "driver_kernel_common", "driver_gl", "driver_xserver"):
+        pass  # metapackages and parts the simulation needs nothing from: the marker only
+    elif role == "driver_compute":
+        # the NVML and CUDA driver libraries: their version is what nvidia-smi calls the installed driver
         out.add(f"{LIB}/driver-version", v + "\n")
         out.add(f"{LIB}/driver-cuda-version", driver_cuda_version(v) + "\n")
+        for lib in ("libnvidia-ml", "libcuda"):
+            out.add(f"usr/lib/{triplet}/{lib}.so.{v}", _marker(spec))
+            out.links[f"usr/lib/{triplet}/{lib}.so.1"] = f"{lib}.so.{v}"
+    elif role == "driver_utils":
+        out.add("usr/bin/nvidia-smi", _template("nvidia-smi"), 0o755)
         out.add(f"{LIB}/gpu-profiles.json", json.dumps(gpu_table, indent=1, sort_keys=True) + "\n")
+    elif role == "driver_compute_utils":
         out.add(f"{UNITS}/nvidia-persistenced.service", _template("nvidia-persistenced.service"))
+        out.scripts["postinst"] = out.scripts["postrm"] = _reload_script()
+    elif role == "driver_dkms":
+        # the kernel module: its version is what loads at boot (and on a host that had no driver, at once)
+        out.add(f"{LIB}/module-version", v + "\n")
         out.add(f"{UNITS}/{MODULE_UNIT}", _template(MODULE_UNIT))
-        out.add(f"usr/lib/{triplet}/libnvidia-ml.so.{v}", _marker(spec))
-        out.links[f"usr/lib/{triplet}/libnvidia-ml.so.1"] = f"libnvidia-ml.so.{v}"
         out.scripts["postinst"] = _enable_script(MODULE_UNIT, first_load=True)
         out.scripts["postrm"] = _disable_script(MODULE_UNIT)
+    elif role == "driver_kernel_source":
+        out.add(f"usr/src/nvidia-{v}/gpuprov-lab-standin", _marker(spec))
+    elif role == "driver_firmware":
+        out.add(f"lib/firmware/nvidia/{v}/gsp_ga10x.bin", _marker(spec))
     elif role == "driver_pinning":
         out.add(f"usr/share/gpuprov-lab/driver-pinning-{v.split('.')[0]}", _marker(spec))
     elif role == "fabricmanager":
@@ -239,13 +406,19 @@ def package_contents(spec: PackageSpec, gpu_table: dict, arch: str = "amd64") ->
         out.add("usr/share/nvidia/nvswitch/fabricmanager.cfg", "# " + _marker(spec))
         out.add(f"{UNITS}/nvidia-fabricmanager.service", _template("nvidia-fabricmanager.service"))
         out.scripts["postinst"] = out.scripts["postrm"] = _reload_script()
+    elif role == "cuda_part":
+        minor = ".".join(v.split(".")[:2])
+        home = f"usr/local/cuda-{minor}"
+        if spec.name.startswith("cuda-compiler-"):
+            out.add(f"{home}/bin/nvcc", "#!/bin/sh\n# " + _marker(spec) +
+                    "printf '%s\\n' 'nvcc: NVIDIA (R) Cuda compiler driver' "
+                    f"'Cuda compilation tools, release {minor}, V{v}'\n", 0o755)
+        else:
+            out.add(f"{home}/gpuprov-lab/{spec.name}", _marker(spec))
     elif role == "cuda":
         minor = ".".join(v.split(".")[:2])
         home = f"usr/local/cuda-{minor}"
         out.add(f"{home}/version.json", json.dumps({"cuda": {"name": "CUDA SDK", "version": v}}, indent=3) + "\n")
-        out.add(f"{home}/bin/nvcc", "#!/bin/sh\n# " + _marker(spec) +
-                "printf '%s\\n' 'nvcc: NVIDIA (R) Cuda compiler driver' "
-                f"'Cuda compilation tools, release {minor}, V{v}'\n", 0o755)
         priority = int(minor.replace(".", ""))
         out.scripts["postinst"] = ("#!/bin/sh\nset -e\nif [ \"$1\" = configure ]; then\n"
                                    f"  update-alternatives --install /usr/local/cuda cuda /{home} {priority}\nfi\n")
@@ -282,8 +455,17 @@ def package_contents(spec: PackageSpec, gpu_table: dict, arch: str = "amd64") ->
         out.links[f"lib/modules/{v}/build"] = f"/usr/src/linux-headers-{v}"
     elif role == "dkms":
         out.add("usr/share/doc/dkms/gpuprov-lab", "# gpuprov lab stand-in, not Debian's dkms\n")
-    else:
-        raise GpuprovError(f"no stand-in for role {role!r} ({spec.name})", step="lab mirror")
+    elif role == "nscq":
+        out.add(f"usr/lib/{triplet}/libnvidia-nscq.so.{v}", _marker(spec))
+        out.links[f"usr/lib/{triplet}/libnvidia-nscq.so.2"] = f"libnvidia-nscq.so.{v}"
+    elif role == "nvlsm":
+        out.add("usr/bin/nvlsm", "#!/bin/sh\n# " + _marker(spec) +
+                f"[ \"$1\" = --version ] && {{ echo 'nvlsm {v}'; exit 0; }}\nexec sleep infinity\n", 0o755)
+        out.add(f"{UNITS}/nvlsm.service", "# gpuprov lab stand-in (not NVIDIA software)\n[Unit]\n"
+                "Description=NVLink Subnet Manager (gpuprov lab stand-in)\n\n[Service]\nExecStart=/usr/bin/nvlsm\n\n"
+                "[Install]\nWantedBy=multi-user.target\n")
+        out.scripts["postinst"] = out.scripts["postrm"] = _reload_script()
+    # any other component of a stack: the marker only (its packages still install at their exact versions)
     return out
 
 
@@ -306,13 +488,18 @@ def _toolkit_contents(out: Contents, spec: PackageSpec, triplet: str) -> None:
 
 
 def control_text(spec: PackageSpec, arch: str, installed_kib: int) -> str:
-    """The DEBIAN/control file of a stand-in (no Depends on any NVIDIA package)."""
+    """The DEBIAN/control file of a stand-in: its Depends (metapackages on their parts, at exact versions) and,
+    for packages of which one version of one branch may be installed, Provides/Conflicts/Replaces of a
+    virtual package, so another branch replaces the installed one."""
     what = {"kernel_headers": "gpuprov lab stand-in, not Debian's kernel headers",
             "dkms": "gpuprov lab stand-in, not Debian's dkms"}.get(spec.role, NOT_NVIDIA)
     lines = [f"Package: {spec.name}", f"Version: {spec.version}", f"Architecture: {arch}",
              f"Maintainer: {MAINTAINER}", f"Installed-Size: {installed_kib}", "Section: misc",
              "Priority: optional"]
-    virtual = EXCLUSIVE.get(spec.role)
+    if spec.depends:
+        lines.append(f"Depends: {', '.join(spec.depends)}")
+    virtual = EXCLUSIVE.get(spec.role) or (f"gpuprov-lab-nvidia-{spec.role.removeprefix('driver_')}"
+                                           .replace("_", "-") if spec.role.startswith("driver_") else None)
     if virtual:
         lines += [f"Provides: {virtual}", f"Conflicts: {virtual}", f"Replaces: {virtual}"]
     lines += [f"Description: {what}",
@@ -331,7 +518,7 @@ def inputs_digest(specs: list[PackageSpec], gpu_table: dict, arch: str) -> str:
     """Hash of everything a build depends on: the package set, the templates, the GPU table, this module."""
     digest = hashlib.sha256()
     for spec in specs:
-        digest.update(f"{spec.name}\0{spec.version}\0{spec.role}\0{spec.upstream}\n".encode())
+        digest.update(f"{spec.name}\0{spec.version}\0{spec.role}\0{spec.upstream}\0{spec.depends}\n".encode())
     for path in sorted(FILES.iterdir()):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     digest.update(Path(__file__).read_bytes())

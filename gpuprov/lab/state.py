@@ -90,8 +90,12 @@ class LabState:
 def inventory_document(hosts: list[LabHost], paths: LabPaths, lab_vars: dict | None = None) -> dict:
     """The native inventory for the lab hosts (data only; `render_inventory` adds the header).
 
-    lab_vars are the `lab` group's variables (the lab mirror's `mirror:` settings).
+    lab_vars are the `lab` group's variables (the lab mirror's `mirror:` settings). Each profile's group carries
+    the profile's `vars` from profiles.yaml (`container_engine: docker` for the HGX profiles).
     """
+    from gpuprov.lab.profiles import load_profiles
+
+    known = load_profiles()
     known_hosts = os.path.relpath(paths.known_hosts, paths.inventory.parent)
     profiles = sorted({h.profile for h in hosts})
     return {
@@ -107,7 +111,8 @@ def inventory_document(hosts: list[LabHost], paths: LabPaths, lab_vars: dict | N
             }
             for h in hosts
         },
-        "groups": {"lab": {"vars": dict(lab_vars or {})}, **{p: {"vars": {}} for p in profiles}},
+        "groups": {"lab": {"vars": dict(lab_vars or {})},
+                   **{p: {"vars": dict(known[p].vars) if p in known else {}} for p in profiles}},
     }
 
 

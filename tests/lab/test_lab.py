@@ -121,6 +121,9 @@ def test_inventory_describes_the_hosts(lab):
         assert entry["groups"] == ["lab", host.profile]
         assert entry["vars"]["lab"] == {"profile": host.profile, "internal_ip": host.internal_ip}
         assert entry["vars"]["hardware"] == host.hardware
+    # Docker on the HGX hosts only (profiles.yaml): lab tests cover hosts with and without a container engine
+    assert doc["groups"]["hgx-h100"]["vars"] == {"container_engine": "docker"}
+    assert doc["groups"]["l40s"]["vars"] == {} and doc["groups"]["a100-pcie"]["vars"] == {}
 
 
 def test_stop_and_start_host(lab):

@@ -32,6 +32,22 @@ def test_inventory_document(tmp_path):
                     "vars": {"hardware": {"gpu": "H100-SXM", "count": 8, "nvswitch": True},
                              "lab": {"profile": "hgx-h100", "internal_ip": "172.20.0.2"}}}
     assert set(doc["groups"]) == {"lab", "hgx-h100", "l40s"}
+    # the HGX profile's group asks for Docker (profiles.yaml); the L40S one does not
+    assert doc["groups"]["hgx-h100"] == {"vars": {"container_engine": "docker"}}
+    assert doc["groups"]["l40s"] == {"vars": {}}
+
+
+def test_lab_inventory_loads_and_gives_the_hgx_host_docker(tmp_path):
+    from gpuprov.inventory import load_inventory
+
+    paths = LabPaths(tmp_path)
+    paths.inventory.parent.mkdir(parents=True)
+    ensure_keypair(paths.key, "gpuprov-lab")
+    paths.inventory.write_text(render_inventory(HOSTS, paths, {"mirror": {"url": "http://172.20.0.9/"}}))
+    inventory = load_inventory(paths.inventory)
+    assert inventory.host("gpuprov-lab-01").vars["container_engine"] == "docker"
+    assert inventory.host("gpuprov-lab-01").sources["container_engine"] == "group:hgx-h100"
+    assert "container_engine" not in inventory.host("gpuprov-lab-02").vars
 
 
 def test_known_hosts_lines_load_in_paramiko(tmp_path):

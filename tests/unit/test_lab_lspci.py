@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -52,6 +53,38 @@ def test_hgx_h100_lines_are_exactly_the_real_format():
     assert "18:00.0 3D controller [0302]: NVIDIA Corporation GH100 [H100 SXM5 80GB] [10de:2330] (rev a1)" in lines
     assert "07:00.0 Bridge [0680]: NVIDIA Corporation Device [10de:22a3] (rev a1)" in lines
     assert len(lines) == 12 and out.endswith("\n")
+
+
+GB200_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "lspci" / "gb200-b200-x4_lspci.txt"
+# HGX B200's GPU as `lspci -nn` prints it on HGX B200 servers (pci.ids "GB100 [B200]", 10de:2901), e.g. in
+# NVIDIA GPU Operator confidential-computing instructions: "3D controller [0302]: NVIDIA Corporation GB100 [B200]
+# [10de:2901] (rev a1)". The GB200 tray of the fixture has the other GB100 id, 2941.
+B200_LINE = "3D controller [0302]: NVIDIA Corporation GB100 [B200] [10de:2901] (rev a1)"
+
+
+def _after_slot(line: str) -> str:
+    return line.split(" ", 1)[1]
+
+
+def test_hgx_b200_shows_8_b200_and_the_nvswitch_bridge_as_real_lspci_does():
+    profile = PROFILES["hgx-b200"]
+    fixture = GB200_FIXTURE.read_text().splitlines()
+    plain = pci.render(profile.devices, domains=True).splitlines()
+    # the ConnectX-7 that carries NVSwitch management: the same words as in the captured Blackwell listing
+    fixture_cx7 = {_after_slot(line) for line in fixture if "[ConnectX-7]" in line and "Infiniband" in line}
+    assert fixture_cx7 == {"Infiniband controller: Mellanox Technologies MT2910 Family [ConnectX-7]"}
+    ours_cx7 = [line for line in plain if "ConnectX-7" in line]
+    assert len(ours_cx7) == 4 and {_after_slot(line) for line in ours_cx7} == fixture_cx7
+    assert [line.split()[0] for line in ours_cx7] == [f"0000:06:00.{f}" for f in range(4)]
+    # the GPUs: class, vendor and revision as the fixture's Blackwell GPUs print them, the B200 id and name
+    fixture_gpu = {_after_slot(line) for line in fixture if "3D controller" in line}
+    assert fixture_gpu == {"3D controller: NVIDIA Corporation Device 2941 (rev a1)"}
+    numeric = pci.render(profile.devices, numeric=2, selector="10de:").splitlines()
+    assert [_after_slot(line) for line in numeric] == [B200_LINE] * 8
+    # 4th-generation NVSwitches are no PCI devices of the host: no NVIDIA bridge (0680), as in the fixture
+    assert not any(" Bridge" in line and "NVIDIA" in line for line in fixture)
+    assert pci.render(profile.devices, numeric=1, selector="10de::0680") == ""
+    assert pci.render(profile.devices, numeric=1, selector="15b3:1021:0207").count("\n") == 4
 
 
 def test_lines_are_sorted_by_slot_and_domain_flag_adds_0000():

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -115,7 +116,7 @@ def test_lab_stacks_cover_every_profile_with_newest_and_two_older_branches():
 
 @given(epoch=st.integers(min_value=0, max_value=9), upstream=st.from_regex(r"[0-9]{1,3}(\.[0-9]{1,3}){0,3}",
                                                                             fullmatch=True))
-def test_control_keeps_exact_version_and_never_depends(epoch, upstream):
+def test_control_keeps_exact_version_and_a_plain_package_has_no_depends(epoch, upstream):
     version = (f"{epoch}:" if epoch else "") + upstream + "-1"
     spec = PackageSpec("datacenter-gpu-manager-4-core", version, "dcgm", upstream)
     text = control_text(spec, "amd64", 3)
@@ -134,17 +135,134 @@ def test_driver_branches_replace_each_other():
                                            "amd64", 1)
 
 
-def test_driver_package_carries_smi_version_and_units_but_pinning_meta_does_not():
-    driver = package_contents(PackageSpec("nvidia-open-570", "570.148.08-1", "driver", "570.148.08"), {})
-    assert driver.files["usr/lib/gpuprov-lab/driver-version"][0] == b"570.148.08\n"
-    assert driver.files["usr/lib/gpuprov-lab/driver-cuda-version"][0] == b"12.8\n"
-    assert driver.files["usr/bin/nvidia-smi"][1] == 0o755
-    assert "lib/systemd/system/nvidia-persistenced.service" in driver.files
-    assert "lib/systemd/system/gpuprov-lab-nvidia-module.service" in driver.files
-    assert "loaded-driver" in driver.scripts["postinst"]
+# NVIDIA's packages for one open-module 570 host, as a real `apt-get install cuda-runtime-12-9` listed them for
+# removal (a host with nvidia-open-570 570.133.20 from NVIDIA's CUDA repository; tekumara/setup-nvidia docs).
+REAL_570_OPEN = {"nvidia-open-570", "nvidia-driver-570-open", "nvidia-dkms-570-open", "nvidia-kernel-source-570-open",
+                 "nvidia-kernel-common-570", "nvidia-firmware-570-570.133.20", "libnvidia-compute-570",
+                 "nvidia-utils-570", "nvidia-compute-utils-570", "libnvidia-gl-570"}
+
+
+def _closure(specs, root: str) -> dict[str, str]:
+    """name -> version of everything `root` pulls through Depends (exact versions only)."""
+    by_name = {s.name: s for s in specs}
+    out, todo = {}, [root]
+    while todo:
+        spec = by_name[todo.pop()]
+        out[spec.name] = spec.version
+        for dep in spec.depends:
+            name = dep.split(" ")[0]
+            if name not in out and name in by_name:
+                todo.append(name)
+    return out
+
+
+def test_open_570_metapackage_pulls_nvidias_real_package_names_at_its_version():
+    specs = standin_packages([_stack("570", "570.133.20")], KERNEL)
+    pulled = _closure(specs, "nvidia-open-570")
+    assert set(pulled) >= REAL_570_OPEN
+    assert {pulled[name] for name in REAL_570_OPEN} == {"570.133.20-1"}
+    meta = next(s for s in specs if s.name == "nvidia-open-570")
+    assert meta.depends == ("nvidia-driver-570-open (= 570.133.20-1)", "nvidia-dkms-570-open (= 570.133.20-1)")
+    dkms = next(s for s in specs if s.name == "nvidia-dkms-570-open")
+    assert "dkms" in dkms.depends and ("dkms", "3.0.10-8+deb12u1") in {(s.name, s.version) for s in specs}
+
+
+def test_unversioned_metapackages_from_590_pull_unversioned_parts():
+    specs = standin_packages([_stack("595", "595.58.03", pinning=True)], KERNEL)
+    pulled = _closure(specs, "nvidia-open")
+    assert {"nvidia-driver-open", "nvidia-dkms-open", "libnvidia-compute", "nvidia-utils",
+            "nvidia-kernel-common", "nvidia-firmware-595.58.03"} <= set(pulled)
+    assert pulled.pop("dkms") == "3.0.10-8+deb12u1"
+    assert set(pulled.values()) == {"595.58.03-1"}
+    assert not any("595" in name.split("-") for name in pulled)
+    pinning = next(s for s in specs if s.name == "nvidia-driver-pinning-595")
+    assert pinning.depends == ()
+
+
+def test_proprietary_metapackage_pulls_the_proprietary_kernel_module():
+    meta = PackageSpec("cuda-drivers-570", "570.211.01-1", "driver", "570.211.01")
+    names = {p.name for p in standins.driver_parts(meta)}
+    assert {"nvidia-driver-570", "nvidia-dkms-570", "nvidia-kernel-source-570", "libnvidia-compute-570"} <= names
+    assert not any(name.endswith("-open") for name in names)
+
+
+def test_cuda_toolkit_pulls_its_parts_at_its_version():
+    specs = standin_packages([_stack("570", "570.148.08")], KERNEL)
+    toolkit = next(s for s in specs if s.name == "cuda-toolkit-12-8")
+    assert set(toolkit.depends) == {f"{p}-12-8 (= 12.8.1-1)" for p in ("cuda-compiler", "cuda-libraries",
+                                                                       "cuda-libraries-dev", "cuda-tools",
+                                                                       "cuda-nvml-dev")}
+    assert {s.name for s in specs} >= {"cuda-compiler-12-8", "cuda-libraries-12-8"}
+
+
+def test_driver_files_sit_in_the_package_that_carries_them():
+    meta = PackageSpec("nvidia-open-570", "570.148.08-1", "driver", "570.148.08")
+    parts = {p.name: package_contents(p, {}) for p in standins.driver_parts(meta)}
+    assert set(package_contents(meta, {}).files) == {"usr/share/doc/nvidia-open-570/gpuprov-lab-standin"}
+    compute = parts["libnvidia-compute-570"]
+    assert compute.files["usr/lib/gpuprov-lab/driver-version"][0] == b"570.148.08\n"
+    assert compute.files["usr/lib/gpuprov-lab/driver-cuda-version"][0] == b"12.8\n"
+    assert compute.links["usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"] == "libnvidia-ml.so.570.148.08"
+    assert parts["nvidia-utils-570"].files["usr/bin/nvidia-smi"][1] == 0o755
+    assert "lib/systemd/system/nvidia-persistenced.service" in parts["nvidia-compute-utils-570"].files
+    dkms = parts["nvidia-dkms-570-open"]
+    assert dkms.files["usr/lib/gpuprov-lab/module-version"][0] == b"570.148.08\n"
+    assert "lib/systemd/system/gpuprov-lab-nvidia-module.service" in dkms.files
+    assert "module-version /run/gpuprov-lab/loaded-driver" in dkms.scripts["postinst"]
+    owners = [name for name, c in parts.items() for path in c.files if "nvidia-smi" in path or "version" in path]
+    assert sorted(owners) == ["libnvidia-compute-570", "libnvidia-compute-570", "nvidia-dkms-570-open",
+                              "nvidia-utils-570"]
     pinning = package_contents(PackageSpec("nvidia-driver-pinning-595", "595.58.03-1", "driver_pinning",
                                            "595.58.03"), {})
     assert not any("driver-version" in path or "nvidia-smi" in path for path in pinning.files)
+
+
+def test_each_driver_part_replaces_the_same_part_of_another_branch():
+    old = {p.role: p for p in standins.driver_parts(PackageSpec("nvidia-open-570", "570.211.01-1", "driver",
+                                                                 "570.211.01"))}
+    new = {p.role: p for p in standins.driver_parts(PackageSpec("nvidia-open", "595.58.03-1", "driver",
+                                                                 "595.58.03"))}
+    assert set(old) == set(new)
+    for role in old:
+        virtual = [line for line in control_text(old[role], "amd64", 1).splitlines() if line.startswith("Provides")]
+        assert virtual == [line for line in control_text(new[role], "amd64", 1).splitlines()
+                           if line.startswith("Provides")]
+        assert f"Conflicts: {virtual[0].split(': ')[1]}" in control_text(new[role], "amd64", 1)
+    assert "Depends: libnvidia-compute (= 595.58.03-1)" in control_text(new["driver_utils"], "amd64", 1)
+
+
+def test_newer_point_release_is_the_same_branch_and_newer_for_apt():
+    assert standins.newer_upstream("570.148.08") == "570.999.01"
+    assert standins.newer_upstream("595.80") == "595.999"
+    stack = _stack("595", "595.58.03", pinning=True)
+    point = standins.newer_point_release(stack)
+    names = {s.name for s in point}
+    assert {"nvidia-open", "nvidia-driver-pinning-595", "nvidia-fabricmanager", "libnvidia-compute",
+            "nvidia-utils", "nvidia-firmware-595.999.01"} <= names
+    assert {s.version for s in point} == {"595.999.01-1"} and {s.upstream for s in point} == {"595.999.01"}
+    assert not names & {"libnccl2", "cuda-toolkit-12-8", "datacenter-gpu-manager-4-core"}
+    if shutil.which("dpkg"):
+        newer = subprocess.run(["dpkg", "--compare-versions", "595.999.01-1", "gt", "595.58.03-1"], check=False)
+        assert newer.returncode == 0
+
+
+def test_every_stack_section_with_packages_gets_stand_ins():
+    stack = _stack("595", "595.58.03", pinning=True)
+    stack["nscq"] = {"version": "595.58.03", "packages": [{"name": "libnvidia-nscq", "version": "595.58.03-1"}]}
+    stack["nvlsm"] = {"version": "2025.10.11", "packages": [{"name": "nvlsm", "version": "2025.10.11-1"}]}
+    stack["pytorch"] = {"version": "2.14", "wheel": "cu132"}
+    by_name = {s.name: s for s in standin_packages([stack], KERNEL)}
+    assert (by_name["libnvidia-nscq"].role, by_name["libnvidia-nscq"].upstream) == ("nscq", "595.58.03")
+    nvlsm = package_contents(by_name["nvlsm"], {})
+    assert "lib/systemd/system/nvlsm.service" in nvlsm.files and nvlsm.files["usr/bin/nvlsm"][1] == 0o755
+    point = {s.name for s in standins.newer_point_release(stack)}
+    assert "libnvidia-nscq" in point and "nvlsm" not in point and "libnccl2" not in point
+
+
+def test_point_release_covers_each_profiles_newest_branch_only():
+    stacks = [_stack("570", "570.211.01"), _stack("595", "595.58.03", pinning=True)]
+    point = standins.point_release_packages(stacks)
+    assert {s.upstream for s in point} == {"595.999.01"}
 
 
 def test_other_roles_install_their_real_file_names():
@@ -160,6 +278,8 @@ def test_other_roles_install_their_real_file_names():
     assert {"usr/bin/dcgmi", "lib/systemd/system/nvidia-dcgm.service"} <= set(dcgm.files)
     cuda = files("cuda-toolkit-12-8", "12.8.1-1", "cuda", "12.8.1")
     assert json.loads(cuda.files["usr/local/cuda-12.8/version.json"][0])["cuda"]["version"] == "12.8.1"
+    nvcc = files("cuda-compiler-12-8", "12.8.1-1", "cuda_part", "12.8.1").files["usr/local/cuda-12.8/bin/nvcc"]
+    assert b"release 12.8, V12.8.1" in nvcc[0] and nvcc[1] == 0o755
     nccl = files("libnccl2", "2.26.5-1+cuda12.9", "nccl", "2.26.5")
     assert "usr/lib/x86_64-linux-gnu/libnccl.so.2.26.5" in nccl.files
     headers = files(f"linux-headers-{KERNEL}", "6.1.0-0gpuprovlab1", "kernel_headers", KERNEL)
@@ -260,6 +380,56 @@ def test_smi_csv_table_and_list(standin_root):
     assert run_tool(standin_root, "nvidia-smi", "-L")[1].count("NVIDIA H100 80GB HBM3 (UUID: GPU-") == 8
 
 
+APPS = "--query-compute-apps=pid,process_name,used_memory"
+
+
+def test_smi_without_compute_processes_prints_nothing(standin_root):
+    load(standin_root, "570.148.08")
+    assert run_tool(standin_root, "nvidia-smi", APPS, "--format=csv,noheader,nounits") == (0, "")
+    rc, text = run_tool(standin_root, "nvidia-smi", APPS, "--format=csv")
+    assert (rc, text) == (0, "pid, process_name, used_gpu_memory [MiB]\n")
+    assert "No running processes found" in run_tool(standin_root, "nvidia-smi")[1]
+
+
+def test_smi_reports_the_compute_processes_a_test_writes(standin_root):
+    from gpuprov.facts.parsers import parse_gpu_processes
+
+    load(standin_root, "570.148.08")
+    (standin_root / "etc/gpuprov-lab/compute-apps.csv").write_text(
+        "# pid, process_name, used_memory_mib[, gpu_index]\n12345, python, 40960\n11345, ./gpu_burn, 15690, 3\n")
+    rc, text = run_tool(standin_root, "nvidia-smi", APPS, "--format=csv,noheader,nounits")
+    assert rc == 0 and text.splitlines() == ["12345, python, 40960", "11345, ./gpu_burn, 15690"]
+    assert parse_gpu_processes(text + "@@rc=0\n") == [
+        {"pid": 12345, "process_name": "python", "used_memory_mib": 40960},
+        {"pid": 11345, "process_name": "./gpu_burn", "used_memory_mib": 15690}]
+    rc, text = run_tool(standin_root, "nvidia-smi", "--query-compute-apps=pid,used_gpu_memory,gpu_uuid,gpu_bus_id",
+                        "--format=csv")
+    uuids = [line.split("UUID: ")[1].rstrip(")") for line in run_tool(standin_root, "nvidia-smi", "-L")[1].splitlines()]
+    assert text.splitlines() == ["pid, used_gpu_memory [MiB], gpu_uuid, gpu_bus_id",
+                                 f"12345, 40960 MiB, {uuids[0]}, 00000000:18:00.0",
+                                 f"11345, 15690 MiB, {uuids[3]}, 00000000:5D:00.0"]
+    rc, text = run_tool(standin_root, "nvidia-smi", "--query-gpu=index,memory.used,memory.free",
+                        "--format=csv,noheader,nounits")
+    assert text.splitlines()[0] == "0, 40960, 40960" and text.splitlines()[3] == "3, 15690, 66230"
+    assert text.splitlines()[1] == "1, 0, 81920"
+    table = run_tool(standin_root, "nvidia-smi")[1]
+    assert "|    0   N/A  N/A           12345      C   python                                40960MiB |" in table
+    assert "40960MiB /  81920MiB" in table and "No running processes found" not in table
+    query = run_tool(standin_root, "nvidia-smi", "-q")[1]
+    assert "            Name                          : ./gpu_burn" in query
+
+
+def test_smi_refuses_a_broken_compute_apps_file_and_unknown_fields(standin_root):
+    load(standin_root, "570.148.08")
+    (standin_root / "etc/gpuprov-lab/compute-apps.csv").write_text("12345, python\n")
+    rc, text = run_tool(standin_root, "nvidia-smi", APPS, "--format=csv")
+    assert rc == 2 and "compute-apps.csv line 1" in text
+    (standin_root / "etc/gpuprov-lab/compute-apps.csv").write_text("1, x, 1\n")
+    rc, text = run_tool(standin_root, "nvidia-smi", "--query-compute-apps=pid,bogus", "--format=csv")
+    assert rc == 2 and 'Field "bogus" is not a valid field to query.' in text
+    assert run_tool(standin_root, "nvidia-smi", APPS)[0] == 2
+
+
 def test_ctk_configures_docker_keeping_other_keys(standin_root, tmp_path):
     ctk = package_contents(PackageSpec("nvidia-container-toolkit-base", "1.17.8-1", "container_toolkit",
                                        "1.17.8"), {}).files["usr/bin/nvidia-ctk"][0]
@@ -311,7 +481,6 @@ def test_build_repo_signs_a_flat_repository(tmp_path):
     packages = (repo.path / "Packages").read_text()
     stanzas = [dict(line.split(": ", 1) for line in block.splitlines() if not line.startswith(" "))
                for block in packages.strip().split("\n\n")]
-    assert {(s["Package"], s["Version"]) for s in stanzas} == {(p.name, p.version) for p in repo.packages}
     assert ("datacenter-gpu-manager-4-core", "1:4.2.3-1") in {(s["Package"], s["Version"]) for s in stanzas}
     for stanza in stanzas:
         assert (repo.path / stanza["Filename"]).stat().st_size == int(stanza["Size"])
@@ -325,48 +494,120 @@ def test_build_repo_signs_a_flat_repository(tmp_path):
     info_vars = mirror_vars(MirrorInfo("http://172.18.0.9/", repo.key_file, repo.fingerprint))
     assert info_vars == {"url": "http://172.18.0.9/", "key_file": str(repo.key_file),
                          "fingerprint": repo.fingerprint}
+    # the newer point release sits in the same index, beside the stack's own versions
+    assert len(repo.point_release) > 10
+    assert {(s["Package"], s["Version"]) for s in stanzas} == (
+        {(p.name, p.version) for p in repo.packages} | {(p.name, p.version) for p in repo.point_release})
+    assert "Package: nvidia-open-570\nVersion: 570.999.01-1\n" in packages
+    assert "Package: nvidia-open-570\nVersion: 570.148.08-1\n" in packages
 
 
-class _FakeContainers:
-    def __init__(self, container):
-        self.container = container
-
-    def get(self, name):
-        import docker.errors
-
-        if self.container is None:
-            raise docker.errors.NotFound(name)
-        return self.container
-
-
-class _FakeNetworks:
-    def __init__(self, networks):
-        self.networks = networks
-
-    def list(self, names):
-        return [n for n in self.networks if n.name in names]
+def _tiny_deb(tmp_path, name: str, version: str) -> Path:
+    root = tmp_path / f"{name}-root"
+    (root / "DEBIAN").mkdir(parents=True)
+    (root / "DEBIAN/control").write_text(f"Package: {name}\nVersion: {version}\nArchitecture: all\n"
+                                         "Maintainer: Debian <debian@example.invalid>\nDescription: a real one\n")
+    target = tmp_path / f"{name}_{version}_all.deb"
+    subprocess.run(["dpkg-deb", "--build", "--root-owner-group", str(root), str(target)], check=True,
+                   capture_output=True)
+    return target
 
 
-def _fake(name="x", labels=None, attrs_labels=None):
-    return type("Fake", (), {"name": name, "labels": labels or {}, "attrs": {"Labels": attrs_labels or {}}})()
+@needs_tools
+def test_real_debian_packages_sit_beside_the_standins_and_change_the_digest(tmp_path):
+    from gpuprov.lab.debian import DebianDeb, DebianDebs
+    from gpuprov.lab.mirror import build_repo
+    from gpuprov.lab.state import LabPaths
+
+    paths = LabPaths(tmp_path)
+    stacks = [_stack("570", "570.148.08")]
+    plain = build_repo(paths, stacks, kernel=KERNEL)
+    deb = _tiny_deb(tmp_path, "tini", "0.19.0-1+b3")
+    debian = DebianDebs("k", (DebianDeb("tini", "0.19.0-1+b3", deb, "0" * 64),))
+    repo = build_repo(paths, stacks, kernel=KERNEL, debian=debian)
+    assert repo.digest != plain.digest and repo.debian == debian.debs
+    text = (repo.path / "Packages").read_text()
+    stanza = next(b for b in text.split("\n\n") if b.startswith("Package: tini\n"))
+    assert "Filename: pool/debian/tini_0.19.0-1+b3_all.deb" in stanza
+    assert (repo.path / "pool/debian/tini_0.19.0-1+b3_all.deb").read_bytes() == deb.read_bytes()
+    assert build_repo(paths, stacks, kernel=KERNEL, debian=debian).digest == repo.digest
 
 
-def test_a_foreign_container_named_like_the_mirror_is_left_alone():
-    from gpuprov.lab import mirror
+class _Apt:
+    """apt-get on a private state against the flat repositories of a built mirror (no host is touched)."""
 
-    client = type("Client", (), {"containers": _FakeContainers(_fake("gpuprov-lab-mirror", {"other": "1"}))})()
-    with pytest.raises(GpuprovError, match="exists but is not the lab's"):
-        mirror._find(client)
-    assert mirror._find(type("Client", (), {"containers": _FakeContainers(None)})()) is None
+    def __init__(self, tmp_path, repo, keyring, status=""):
+        self.home = tmp_path / "apt"
+        for sub in ("lists/partial", "cache/archives/partial"):
+            (self.home / sub).mkdir(parents=True, exist_ok=True)
+        (self.home / "status").write_text(status)
+        (self.home / "p").write_text("")  # no apt preferences unless a test writes them
+        self.sources = [f"deb [signed-by={keyring}] file:{repo.path}/ /"]
+        self.opts = ["-o", f"Dir::State={self.home}", "-o", f"Dir::State::Lists={self.home}/lists",
+                     "-o", f"Dir::State::status={self.home}/status", "-o", f"Dir::Cache={self.home}/cache",
+                     "-o", f"Dir::Etc::SourceList={self.home}/sources.list", "-o", "Dir::Etc::SourceParts=-",
+                     "-o", f"Dir::Etc::PreferencesParts={self.home}", "-o", f"Dir::Etc::Preferences={self.home}/p",
+                     "-o", "Debug::NoLocking=1", "-o", "APT::Sandbox::User=root", "-o", "APT::Architecture=amd64"]
+
+    def run(self, *args):
+        (self.home / "sources.list").write_text("\n".join(self.sources) + "\n")
+        env = {k: v for k, v in os.environ.items() if k != "APT_CONFIG"}
+        subprocess.run(["apt-get", *self.opts, "-q", "update"], check=True, capture_output=True, env=env)
+        proc = subprocess.run(["apt-get", *self.opts, "-s", *args], capture_output=True, text=True, env=env)
+        return proc.returncode, proc.stdout + proc.stderr
 
 
-def test_mirror_needs_the_labs_own_network():
-    from gpuprov.lab import mirror
+def _installs(text):
+    return {line.split()[1]: line.split("(")[1].split()[0] for line in text.splitlines() if line.startswith("Inst ")}
 
-    client = type("Client", (), {"networks": _FakeNetworks([_fake("gpuprov-lab-internal")])})()
-    with pytest.raises(GpuprovError, match="is not the lab's"):
-        mirror._network(client, "gpuprov-lab-internal")
-    with pytest.raises(GpuprovError, match="does not exist"):
-        mirror._network(client, "elsewhere")
-    ours = _fake("gpuprov-lab-internal", attrs_labels={"gpuprov.lab": "1"})
-    assert mirror._network(type("Client", (), {"networks": _FakeNetworks([ours])})(), ours.name) is ours
+
+def _status(packages_text, installed, held):
+    """dpkg status stanzas for `installed` names, from a repository's Packages stanzas."""
+    out = []
+    for block in packages_text.strip().split("\n\n"):
+        lines = block.splitlines()
+        fields = dict(line.split(": ", 1) for line in lines if ": " in line and not line[0].isspace())
+        if installed.get(fields["Package"]) == fields["Version"]:
+            state = "hold ok installed" if fields["Package"] in held else "install ok installed"
+            control = [line for line in lines if line.split(":")[0] not in
+                       ("Filename", "Size", "MD5sum", "SHA1", "SHA256")]
+            out.append("\n".join([control[0], f"Status: {state}", *control[1:]]))
+    return "\n\n".join(out) + "\n"
+
+
+# What provisioning writes before it installs a driver (gpuprov's apt pins): the driver's packages at its version.
+DRIVER_PINS = ("Package: nvidia-* libnvidia-* xserver-xorg-video-nvidia*\nPin: version 595.58.03-*\n"
+               "Pin-Priority: 1001\n")
+
+
+@pytest.mark.skipif(not (shutil.which("apt-get") and shutil.which("dpkg-deb") and shutil.which("gpg")),
+                    reason="needs apt-get, dpkg-deb and gpg (Debian)")
+def test_apt_resolves_the_metapackage_and_a_held_stack_ignores_the_point_release(tmp_path):
+    from gpuprov.lab.mirror import build_repo
+    from gpuprov.lab.state import LabPaths
+
+    repo = build_repo(LabPaths(tmp_path), [_stack("595", "595.58.03", pinning=True)], kernel=KERNEL)
+    keyring = tmp_path / "keyring.gpg"
+    subprocess.run(["gpg", "--batch", "--yes", "--dearmor", "-o", str(keyring), str(repo.key_file)], check=True)
+    wanted = ("nvidia-driver-pinning-595=595.58.03-1", "nvidia-open=595.58.03-1")
+    # apt cannot install the older metapackage alone: its parts' candidates are the newer point release
+    rc, out = _Apt(tmp_path, repo, keyring).run("install", *wanted)
+    assert rc != 0 and "but 595.999.01-1 is to be installed" in out
+    # with the driver's packages pinned at its version it pulls every part at exactly that version
+    apt = _Apt(tmp_path, repo, keyring)
+    (apt.home / "p").write_text(DRIVER_PINS)
+    rc, out = apt.run("install", *wanted)
+    assert rc == 0, out
+    pulled = _installs(out)
+    assert {"nvidia-open", "nvidia-driver-open", "nvidia-dkms-open", "libnvidia-compute", "nvidia-utils",
+            "nvidia-kernel-common", "nvidia-firmware-595.58.03", "dkms"} <= set(pulled)
+    assert {v for k, v in pulled.items() if k != "dkms"} == {"595.58.03-1"}
+    # provisioned (the stack's packages held): the point release moves nothing, even without the pins
+    apt = _Apt(tmp_path, repo, keyring, _status((repo.path / "Packages").read_text(), pulled,
+                                                 held={"nvidia-open", "nvidia-driver-pinning-595"}))
+    rc, out = apt.run("dist-upgrade")
+    assert rc == 0 and _installs(out) == {}, out
+    # without the holds and pins it is a real upgrade for apt
+    apt = _Apt(tmp_path, repo, keyring, _status((repo.path / "Packages").read_text(), pulled, held=set()))
+    rc, out = apt.run("dist-upgrade")
+    assert rc == 0 and _installs(out)["nvidia-open"] == "595.999.01-1", out

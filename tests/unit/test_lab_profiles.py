@@ -15,7 +15,10 @@ EXPECTED = {
     "a100-pcie": ({"gpu": "A100-PCIE-80GB", "count": 2, "nvswitch": False}, "20b5", 0),
     "l40s": ({"gpu": "L40S", "count": 4, "nvswitch": False}, "26b9", 0),
     "rtx-4090": ({"gpu": "RTX-4090", "count": 2, "nvswitch": False}, "2684", 0),
+    # B200's NVSwitches are behind a ConnectX-7 bridge, not 10de:22a3 devices (see test_lab_lspci)
+    "hgx-b200": ({"gpu": "B200", "count": 8, "nvswitch": True}, "2901", 0),
 }
+WITH_DOCKER = {"hgx-h100", "h200", "hgx-b200"}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -34,8 +37,22 @@ def test_assign_cycles_the_given_profiles():
 
 
 def test_assign_defaults_to_the_mix():
-    names = [p.name for p in assign_profiles(5, None)]
+    names = [p.name for p in assign_profiles(6, None)]
     assert set(names) == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_hgx_profiles_ask_for_docker(name):
+    assert load_profiles()[name].vars == ({"container_engine": "docker"} if name in WITH_DOCKER else {})
+
+
+def test_the_b200_profile_resolves_a_stack_with_fabric_manager():
+    from gpuprov.stack.resolve import resolve
+
+    hardware = load_profiles()["hgx-b200"].hardware
+    stack = resolve(hardware["gpu"], "debian-12", gpus=hardware["count"], nvswitch=hardware["nvswitch"]).to_dict()
+    assert stack["gpu"]["model"] == "B200" and stack["driver"]["kernel_modules"] == "open"
+    assert stack["fabricmanager"] is not None
 
 
 def test_unknown_profile_is_bad_input():
@@ -62,6 +79,10 @@ def _doc():
     (lambda d: d["profiles"]["l40s"]["gpu"]["slots"].__setitem__(1, "1b:00.0"), "used twice"),
     (lambda d: d["profiles"]["l40s"]["gpu"].update({"class": "0999"}), "no name"),
     (lambda d: d["default_mix"].append("nope"), "unknown profile"),
+    (lambda d: d["profiles"]["l40s"].update(vars={"container_engine": "podman"}), "not allowed"),
+    (lambda d: d["profiles"]["l40s"].update(vars={"stack": {"driver": "570"}}), "not allowed"),
+    (lambda d: d["profiles"]["l40s"].update(vars=["docker"]), "must be a mapping"),
+    (lambda d: d["profiles"]["hgx-b200"]["nvswitch"].update(vendor="abcd"), "no name"),
 ])
 def test_broken_profiles_are_refused(breakage, message):
     doc = _doc()
