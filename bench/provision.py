@@ -104,8 +104,19 @@ def bare_lab(size: int):
     for container in lab_containers(client):
         container.remove(force=True)
     state = lab.up(size, profiles=PROFILES)
+    without_engine(state.paths.inventory)
     log(f"lab: {size} bare hosts in {time.monotonic() - started:.0f} s")
     return state, load_inventory(state.paths.inventory)
+
+
+def without_engine(inventory: Path) -> None:
+    """The peers install no container engine, so gpuprov is not asked to either (same work for all)."""
+    import yaml
+
+    document = yaml.safe_load(inventory.read_text(encoding="utf-8"))
+    for scope in [*(document.get("groups") or {}).values(), *(document.get("hosts") or {}).values()]:
+        (scope.get("vars") or {}).pop("container_engine", None)
+    inventory.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
 
 
 # ---------------------------------------------------------------- what every tool must do

@@ -46,6 +46,7 @@ from gpuprov.lab.standins import (
 from gpuprov.lab.state import LabPaths, LabState
 
 MIRROR_NAME = "gpuprov-lab-mirror"
+RELEASE_LABEL = "gpuprov-lab"  # the Release `Label:` apt pins the lab mirror by
 DIGEST_LABEL = "gpuprov.lab.mirror-digest"
 KEY_UID = "gpuprov lab mirror <lab@gpuprov.invalid>"
 SERVE_DIR = "/srv/mirror"
@@ -86,7 +87,8 @@ class MirrorRepo:
 
 def mirror_vars(info: MirrorInfo) -> dict:
     """The inventory's `mirror:` variables for the lab hosts."""
-    return {"url": info.url, "key_file": str(info.key_file), "fingerprint": info.fingerprint}
+    return {"url": info.url, "key_file": str(info.key_file), "fingerprint": info.fingerprint,
+            "label": RELEASE_LABEL}
 
 
 
@@ -202,7 +204,7 @@ def release_text(root: Path, names: list[str], arch: str,
                  description: str = "gpuprov lab mirror: stand-in packages (not NVIDIA software) and Debian "
                                     "packages") -> str:
     """A flat repository's `Release` (no Suite: `deb URL /` checks none)."""
-    lines = ["Origin: gpuprov-lab", "Label: gpuprov-lab",
+    lines = ["Origin: gpuprov-lab", f"Label: {RELEASE_LABEL}",
              f"Date: {time.strftime('%a, %d %b %Y %H:%M:%S UTC', time.gmtime())}", f"Architectures: {arch} all",
              f"Description: {description}"]
     files = {name: (root / name).read_bytes() for name in names}

@@ -493,7 +493,8 @@ def test_build_repo_signs_a_flat_repository(tmp_path):
     assert again.path == repo.path and again.fingerprint == repo.fingerprint
     info_vars = mirror_vars(MirrorInfo("http://172.18.0.9/", repo.key_file, repo.fingerprint))
     assert info_vars == {"url": "http://172.18.0.9/", "key_file": str(repo.key_file),
-                         "fingerprint": repo.fingerprint}
+                         "fingerprint": repo.fingerprint, "label": "gpuprov-lab"}
+    assert "\nLabel: gpuprov-lab\n" in (repo.path / "Release").read_text()  # what apt pins the mirror by
     # the newer point release sits in the same index, beside the stack's own versions
     assert len(repo.point_release) > 10
     assert {(s["Package"], s["Version"]) for s in stanzas} == (
