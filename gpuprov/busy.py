@@ -45,7 +45,8 @@ def work_for(disruption: str, facts: dict) -> list[str]:
 
 def guard(disruption: str) -> str:
     """Shell lines that refuse the step (exit REFUSED_RC, naming what runs) when work runs on the host now."""
-    containers = "command -v docker >/dev/null 2>&1 && timeout 20 docker ps --format 'container {{.Names}} ({{.Image}})'"
+    containers = ("command -v docker >/dev/null 2>&1 && "
+                  "timeout 20 docker ps --format 'container {{.Names}} ({{.Image}})'")
     checks = [containers]
     if disruption not in CONTAINERS_ONLY:
         daemons = "|".join(sorted(GPU_DAEMONS))

@@ -6,11 +6,10 @@ import pytest
 from test_ops_base import bare_facts, make_repo, make_stack
 
 from gpuprov.apply import batch_script, parse_steps
-from gpuprov.errors import InputError
+from gpuprov.errors import InputError, mask_credentials
 from gpuprov.executor import failure_budget
 from gpuprov.ops import Change
 from gpuprov.plan import prepare_changes
-from gpuprov.errors import mask_credentials
 from gpuprov.preflight import evaluate, parse_probe, probe_command
 
 

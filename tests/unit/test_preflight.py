@@ -18,10 +18,11 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from gpuprov.debversion import compare_versions, nearest
 from gpuprov.facts.parsers import parse_secure_boot
 from gpuprov.ops import RepoSpec
 from gpuprov.ops.pkg import Package
-from gpuprov.preflight import compare_versions, evaluate, nearest, parse_probe, probe_command
+from gpuprov.preflight import evaluate, parse_probe, probe_command
 
 SECRET = "s3cr3t-pw"
 
