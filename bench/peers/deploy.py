@@ -27,6 +27,10 @@ nouveau = files.put(name="Blacklist nouveau", src=StringIO(files_["nouveau"]),
 server.shell(name="Rebuild the initramfs", _if=nouveau.did_change,
              commands=["if command -v update-initramfs >/dev/null; then update-initramfs -u; fi"])
 
+# the pins come first, as in gpuprov's driver step: the mirror carries a newer point release of the branch
+files.put(name="apt pins at exact versions", src=StringIO(files_["preferences"]),
+          dest="/etc/apt/preferences.d/gpuprov-nvidia", mode="644")
+
 for component in host.data.bench_components:
     apt.packages(name=f"{component['name']} packages at exact versions", packages=component["packages"],
                  no_recommends=True, allow_downgrades=True)
@@ -37,8 +41,6 @@ for service in host.data.bench_services:
     systemd.service(name=f"{service} enabled (starts with the new driver after a reboot)", service=service,
                     running=None, enabled=True)
 
-files.put(name="apt pins at exact versions", src=StringIO(files_["preferences"]),
-          dest="/etc/apt/preferences.d/gpuprov-nvidia", mode="644")
 files.put(name="unattended-upgrades blacklist", src=StringIO(files_["unattended"]),
           dest="/etc/apt/apt.conf.d/51gpuprov-unattended-upgrades", mode="644")
 
