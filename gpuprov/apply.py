@@ -14,7 +14,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from gpuprov.busy import REFUSED_RC, guard
+from gpuprov.busy import REFUSED_MARK, REFUSED_RC, guard
 from gpuprov.errors import GpuprovError
 
 STEP = re.compile(r"^@@gpuprov:step (\d+) (start|rc=(\d+)) ([\d.]+)$", re.M)
@@ -35,7 +35,9 @@ class StepResult:
 
     @property
     def status(self) -> str:
-        return {0: "done", REFUSED_RC: "refused", None: "cut off"}.get(self.rc, "failed")
+        if self.rc == REFUSED_RC and REFUSED_MARK in self.output:  # the guard's, not a command's own 75
+            return "refused"
+        return {0: "done", None: "cut off"}.get(self.rc, "failed")
 
     def to_dict(self) -> dict:
         return {"component": self.component, "summary": self.summary, "commands": self.commands,
@@ -61,15 +63,17 @@ def batch_script(changes: list, *, disrupt: bool = False, facts_command: str | N
     not a failure); `facts_command`, when given, runs at the end."""
     lines = ["exec 2>&1", "now() { date +%s.%N; }"]
     for index, change in enumerate(changes):
+        # a subshell, not `sh -c BODY`: file contents (credentials) never reach a command line, and nothing a
+        # step runs can read the rest of this script from stdin
         lines += [
             f"echo \"@@gpuprov:step {index} start $(now)\"",
-            f"sh -ec {shlex.quote(step_body(change, disrupt))}",
+            f"( set -e\n{step_body(change, disrupt)}\n) </dev/null",
             "rc=$?",
             f"echo \"@@gpuprov:step {index} rc=$rc $(now)\"",
             f'[ "$rc" -eq 0 ] || [ "$rc" -eq {REFUSED_RC} ] || exit "$rc"',
         ]
     if facts_command:
-        lines += [f"echo {FACTS_MARK}", facts_command]
+        lines += [f"echo {FACTS_MARK}", f"{facts_command} </dev/null"]
     return "\n".join(lines) + "\n"
 
 

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import shlex
 
-# Daemons that keep GPU devices open on every healthy host; they are not work.
-GPU_DAEMONS = frozenset({"nvidia-persistenced", "nv-hostengine", "nv-fabricmanager", "nvidia-smi",
-                         "nvidia-powerd", "dcgm-exporter", "nvidia-cuda-mps-server"})
+# Daemons that keep GPU devices open on every healthy host; they are not work. Also as /proc/PID/comm shows
+# them: the kernel cuts a process name to 15 characters (nvidia-persistenced -> nvidia-persiste).
+GPU_DAEMONS = frozenset(name for daemon in ("nvidia-persistenced", "nv-hostengine", "nv-fabricmanager", "nvidia-smi",
+                                            "nvidia-powerd", "dcgm-exporter", "nvidia-cuda-mps-server")
+                        for name in (daemon, daemon[:15]))
 # What each kind of disruption interrupts: a Docker restart only stops containers.
 CONTAINERS_ONLY = frozenset({"Docker restart"})
 REFUSED_RC = 75  # EX_TEMPFAIL: the step was refused because work runs there; rerun when the host is idle
+REFUSED_MARK = "@@gpuprov:refused"
 DISRUPT_FLAG = "--disrupt"
 
 
@@ -45,8 +48,11 @@ def work_for(disruption: str, facts: dict) -> list[str]:
 
 def guard(disruption: str) -> str:
     """Shell lines that refuse the step (exit REFUSED_RC, naming what runs) when work runs on the host now."""
-    containers = ("command -v docker >/dev/null 2>&1 && "
-                  "timeout 20 docker ps --format 'container {{.Names}} ({{.Image}})'")
+    # a Docker that does not answer is not taken for one without containers
+    containers = ("if command -v docker >/dev/null 2>&1; then "
+                  "if c=$(timeout 20 docker ps --format 'container {{.Names}} ({{.Image}})'); then "
+                  "printf '%s\\n' \"$c\" | sed '/^$/d'; elif systemctl is-active -q docker; then "
+                  "echo 'containers unknown: `docker ps` did not answer'; fi; fi")
     checks = [containers]
     if disruption not in CONTAINERS_ONLY:
         daemons = "|".join(sorted(GPU_DAEMONS))
@@ -63,5 +69,5 @@ def guard(disruption: str) -> str:
         ]
     body = "; ".join(f"{{ {check}; }} 2>/dev/null || true" for check in checks)
     message = f"refused {disruption}: work runs on this host (rerun with {DISRUPT_FLAG} to interrupt it):"
-    return (f"work=$({body}); if [ -n \"$work\" ]; then echo {shlex.quote('@@gpuprov:refused ' + message)}; "
+    return (f"work=$({body}); if [ -n \"$work\" ]; then echo {shlex.quote(REFUSED_MARK + ' ' + message)}; "
             f"printf '%s\\n' \"$work\"; exit {REFUSED_RC}; fi")

@@ -59,7 +59,6 @@ ANSIBLE_SETTINGS = {
 ANSIBLE_SECRETS = ("ansible_become_password", "ansible_become_pass", "ansible_sudo_pass",
                    "ansible_password", "ansible_ssh_pass", "ansible_ssh_password")
 KNOWN_VARS = ("hardware", "stack", "mirror", "firewall", "container_engine")
-_RELEASE_LABEL = re.compile(r"[!-+\--~][ -+\--~]*")
 CONTAINER_ENGINES = ("docker",)
 
 MAX_DEPTH = 64
@@ -731,11 +730,13 @@ class _Reader:
         }, required=("url",))
 
     def release_label(self, value: Any, path: tuple) -> Any:
-        """The mirror's Release `Label:` (apt pins the repository by it): printable, no comma."""
-        if isinstance(value, str) and _RELEASE_LABEL.fullmatch(value):
+        """The mirror's Release `Label:` (apt pins the repository by it)."""
+        from gpuprov.ops.repo import RELEASE_LABEL
+
+        if isinstance(value, str) and RELEASE_LABEL.fullmatch(value):
             return value
-        self.error(path, f"bad label {_show(value)}: the Label: line of the mirror's Release file, "
-                         "printable characters without commas (NVIDIA's is \"NVIDIA CUDA\")")
+        self.error(path, f"bad label {_show(value)}: the Label: line of the mirror's Release file, letters, "
+                         "digits, spaces and ._+:~/- only (NVIDIA's is \"NVIDIA CUDA\")")
         return _BAD
 
     def var_firewall(self, value: Any, path: tuple) -> Any:
@@ -807,12 +808,12 @@ class _Reader:
 
     def url(self, value: Any, path: tuple) -> Any:
         if isinstance(value, str) and not re.search(r"[\s\"'`\\<>]", value):
-            parts = urlsplit(value)
-            host = parts.hostname if parts.netloc else None
             try:
+                parts = urlsplit(value)
                 parts.port  # noqa: B018 - raises ValueError for a bad port
-            except ValueError:
-                host = None
+                host = parts.hostname if parts.netloc else None
+            except ValueError:  # a bad port, or a bad IPv6 literal ("http://[fe80::1/")
+                parts, host = urlsplit(""), None
             if parts.scheme in ("http", "https") and host and is_valid_address(host):
                 return value
         self.error(path, f"bad URL {_show(value)}: give an http:// or https:// URL with a host name")

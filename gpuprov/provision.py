@@ -8,12 +8,13 @@ operator said --disrupt; the rest of the plan still applies.
 from __future__ import annotations
 
 import shlex
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuprov.busy import DISRUPT_FLAG, running_work, work_for
+from gpuprov.busy import DISRUPT_FLAG, REFUSED_MARK, REFUSED_RC, guard, running_work, work_for
 from gpuprov.errors import GpuprovError, InputError
 
 REBOOT_POLICIES = ("never", "if-needed", "always")
@@ -31,6 +32,7 @@ class Options:
     disrupt: bool = False
     locks_dir: Path = Path("locks")
     reboot_timeout: int = 900
+    moved_locks: dict = field(default_factory=dict, compare=False)  # --update-lock: path -> (host, stack)
 
 
 @dataclass
@@ -38,7 +40,7 @@ class HostRun:
     """Everything that happened on one host, for the summary table and the JSON report."""
 
     host: str
-    status: str = "unchanged"            # unchanged | changed | planned | failed
+    status: str = "unchanged"            # unchanged | changed | planned | refused | failed
     facts_before: dict | None = None
     stack: dict | None = None
     preflight: list = field(default_factory=list)
@@ -65,7 +67,7 @@ def stack_for(host, facts: dict, options: Options) -> tuple[dict, str | None, li
 
     Under a lock the locked stack is installed exactly, whatever gpuprov's data or the inventory resolve to
     now (a difference is a notice); only --update-lock re-resolves and moves the lock."""
-    from gpuprov.stack.lock import drift, load_lock, lock_path_for, newer_notice, write_lock
+    from gpuprov.stack.lock import drift, load_lock, lock_path_for, newer_notice
     from gpuprov.stack.resolve import resolve_for_host
 
     os_key = facts["os"]["key"]
@@ -74,11 +76,7 @@ def stack_for(host, facts: dict, options: Options) -> tuple[dict, str | None, li
         return resolve_for_host(host.vars, os_key, facts).to_dict(), None, []
     lock = load_lock(path)
     if options.update_lock:
-        resolved = resolve_for_host(host.vars, os_key, facts)
-        if drift(lock, resolved):
-            write_lock(path, resolved, lock.get("inputs", {}))
-            return resolved.to_dict(), str(path), [f"moved the lock {path} to the resolved stack"]
-        return lock["stack"], str(path), []
+        return _move_lock(host, path, lock, resolve_for_host(host.vars, os_key, facts), options)
     locked = lock["stack"]
     if locked.get("os") != os_key:
         raise InputError(f"{path}: stack.os: the lock is for {locked.get('os')}, the host runs {os_key}",
@@ -96,6 +94,33 @@ def stack_for(host, facts: dict, options: Options) -> tuple[dict, str | None, li
     return locked, str(path), [f"installing the lock {path}; " + (newer or (
         "the inventory resolves a different stack now (" + "; ".join(differences)
         + "): run with --update-lock to move the lock"))]
+
+
+_LOCK_WRITES = threading.Lock()
+
+
+def _move_lock(host, path: Path, lock: dict, resolved, options: Options) -> tuple[dict, str, list[str]]:
+    """--update-lock: move the lock to the resolved stack, once per run; the hosts that share it (a group's)
+    must resolve the same stack. A dry run writes nothing."""
+    from gpuprov.stack.lock import drift, write_lock
+
+    with _LOCK_WRITES:
+        first = options.moved_locks.get(str(path))
+        if first is not None:
+            if drift(first[1], resolved):
+                raise InputError(f"{path}: hosts sharing this lock resolve to different stacks ({first[0]} and "
+                                 f"{host.name}): " + "; ".join(drift(first[1], resolved)), host=host.name,
+                                 step="lock", hint="lock them per host (invoke stack.lock --host NAME), or give "
+                                 "them the same hardware and stack variables")
+            return resolved.to_dict(), str(path), []
+        options.moved_locks[str(path)] = (host.name, resolved.to_dict())
+        if not drift(lock, resolved):
+            return lock["stack"], str(path), []
+        if options.dry_run:
+            return resolved.to_dict(), str(path), [f"would move the lock {path} to the resolved stack (dry run: "
+                                                   "not written)"]
+        write_lock(path, resolved, lock.get("inputs", {}))
+        return resolved.to_dict(), str(path), [f"moved the lock {path} to the resolved stack"]
 
 
 def wanted_packages(stack: dict, facts: dict) -> list:
@@ -147,12 +172,18 @@ def provision_host(conn, host, inventory_dir: Path, options: Options,
         applied_reboot = any(s.status == "done" and c.reboot for s, c in _applied(run, allowed))
         if _decide_reboot(run, options, applied_reboot):
             say(host.name, "reboot")
-            reboot_and_wait(conn, options.reboot_timeout)
+            refused_by = reboot_and_wait(conn, options.reboot_timeout, options.disrupt)
+            if refused_by:
+                run.reboot, run.reboot_detail = "refused", (f"not rebooting: {refused_by}; rerun with "
+                                                            f"{DISRUPT_FLAG} to interrupt it")
+                _verify(run)
+                return run
             run.reboot = "done"
             run.facts_after = gather(conn, MANAGED_FILES)
             # what waited for the new driver to be loaded (services, CDI spec) is planned again now
             after, held_back = _split_refused(plan_host(host, run.facts_after, run.stack, inventory_dir,
                                                         only).changes, run.facts_after, options.disrupt)
+            run.plan["changes"] += _plan_changes([*after, *held_back], held_back)
             if after:
                 _apply_and_settle(conn, host, run, after, held_back, inventory_dir, options)
         _verify(run)
@@ -165,14 +196,25 @@ def provision_host(conn, host, inventory_dir: Path, options: Options,
 
 
 def _split_refused(changes: list, facts: dict, disrupt: bool) -> tuple[list, dict]:
-    """The changes that may run now, and {change: running work} for each disruptive one refused."""
-    refused = {}
+    """The changes that may run now, and {change: running work} for each one refused: a disruptive change
+    while work runs, and what completes a refused component (Change.requires). The package index refresh a
+    refused change carried is kept for the changes that still run."""
+    from gpuprov.ops import Change
+    from gpuprov.ops.pkg import for_family
+
+    refused: dict = {}
     if not disrupt:
         for change in changes:
             work = work_for(change.disruptive, facts) if change.disruptive else []
             if work:
                 refused[change] = work
-    return [c for c in changes if c not in refused], refused
+        stopped = {c.component: work for c, work in refused.items()}
+        refused |= {c: stopped[c.requires] for c in changes if c.requires in stopped}
+    allowed = [c for c in changes if c not in refused]
+    refresh = for_family(facts["os"]["family"]).update() if refused else None
+    if allowed and any(refresh in c.commands for c in refused) and not any(refresh in c.commands for c in allowed):
+        allowed.insert(0, Change("sources", "refresh the package index (a refused step carried it)", (refresh,)))
+    return allowed, refused
 
 
 def _plan_changes(changes: list, refused: dict) -> list[dict]:
@@ -230,20 +272,20 @@ def _apply_and_settle(conn, host, run: HostRun, changes: list, refused: dict, in
     was neither just applied nor refused (services and the CDI spec once the new driver answers)."""
     from gpuprov.apply import apply_changes
     from gpuprov.ops import MANAGED_FILES
-    from gpuprov.plan import change_dict, plan_host
+    from gpuprov.plan import plan_host
 
     steps, run.facts_after = apply_changes(conn, changes, disrupt=options.disrupt, managed_files=MANAGED_FILES)
     run.steps += steps
     done = {(c.component, c.summary) for c in [*changes, *refused]}
     only = set(options.only) if options.only else None
     later = plan_host(host, run.facts_after, run.stack, inventory_dir, only).changes
-    follow_up, _ = _split_refused([c for c in later if (c.component, c.summary) not in done], run.facts_after,
-                                  options.disrupt)
+    follow_up, held_back = _split_refused([c for c in later if (c.component, c.summary) not in done],
+                                          run.facts_after, options.disrupt)
+    run.plan["changes"] += _plan_changes([*follow_up, *held_back], held_back)
     if follow_up:
         steps, run.facts_after = apply_changes(conn, follow_up, disrupt=options.disrupt,
                                                managed_files=MANAGED_FILES)
         run.steps += steps
-        run.plan["changes"] += [change_dict(c) for c in follow_up]
 
 
 def _decide_reboot(run: HostRun, options: Options, applied_reboot: bool) -> bool:
@@ -287,10 +329,15 @@ def boot_id(conn) -> str:
     return conn.run(command, timeout=30).stdout.strip()
 
 
-def reboot_and_wait(conn, timeout: int) -> None:
-    """Reboot the host, wait until it answers SSH with a new boot id; raise after `timeout` seconds."""
+def reboot_and_wait(conn, timeout: int, disrupt: bool = False) -> str | None:
+    """Reboot the host unless work runs there now (checked on the host, unless `disrupt`), then wait until it
+    answers SSH with a new boot id; raise after `timeout` seconds. Returns what refused the reboot, or None."""
     before = boot_id(conn)
-    conn.run("nohup sh -c " + shlex.quote("sleep 1; systemctl reboot") + " >/dev/null 2>&1 &", sudo=True, timeout=30)
+    script = ("" if disrupt else guard("reboot") + "\n") + (
+        "nohup sh -c " + shlex.quote("sleep 1; systemctl reboot") + " >/dev/null 2>&1 &\n")
+    result = conn.run("sh -s", sudo=True, stdin=script, timeout=60)
+    if result.rc == REFUSED_RC and REFUSED_MARK in result.stdout:
+        return "; ".join(line for line in result.stdout.splitlines()[1:] if line.strip()) or "work runs there"
     conn.close()
     deadline = time.monotonic() + timeout
     time.sleep(3)
@@ -298,7 +345,7 @@ def reboot_and_wait(conn, timeout: int) -> None:
         try:
             conn.open()
             if boot_id(conn) != before:
-                return
+                return None
             conn.close()
         except GpuprovError:
             pass

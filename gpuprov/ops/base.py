@@ -26,6 +26,7 @@ class Change:
     reboot: bool = False
     diff: str | None = None
     disruptive: str | None = None       # what running work it would interrupt ("driver change", ...)
+    requires: str | None = None         # the component whose change this one completes (refused with it)
 
 
 @dataclass(frozen=True)
@@ -191,19 +192,19 @@ def unified_diff(path: str, old: str | None, new: str | None) -> str:
 
 
 def write_file(path: str, content: str, mode: str = "0644") -> str:
-    """Atomic write: the whole content to a temporary file beside the target, then rename."""
+    """Atomic write: the whole content to a temporary file beside the target, then rename. The temporary
+    file is created readable by root only (it may hold credentials) and gets `mode` before the rename."""
     tmp = f"{path}.gpuprov.tmp"
     directory = path.rsplit("/", 1)[0] or "/"
-    return (f"mkdir -p {q(directory)} && printf %s {q(content)} > {q(tmp)} && chmod {mode} {q(tmp)} "
+    return (f"mkdir -p {q(directory)} && (umask 077 && printf %s {q(content)} > {q(tmp)}) && chmod {mode} {q(tmp)} "
             f"&& mv -f {q(tmp)} {q(path)}")
 
 
 def file_change(ctx: OpContext, component: str, path: str, content: str | None, what: str, *,
-                then: tuple[str, ...] = (), reboot: bool = False, mode: str = "0644",
-                redact=mask_credentials) -> Change | None:
+                then: tuple[str, ...] = (), reboot: bool = False, mode: str = "0644") -> Change | None:
     """Make a managed file hold `content` (None: absent); `then` runs after the write. None when in state.
 
-    The diff shows both versions through `redact` (by default every secret masked)."""
+    The diff shows both versions with every secret masked."""
     current = ctx.file(path)
     if current == content:
         return None
@@ -213,6 +214,6 @@ def file_change(ctx: OpContext, component: str, path: str, content: str | None, 
     else:
         command = write_file(path, content, mode)
         summary = f"{'update' if current is not None else 'create'} {path} ({what})"
-    diff = unified_diff(path, None if current is None else redact(current),
-                        None if content is None else redact(content))
+    diff = unified_diff(path, None if current is None else mask_credentials(current),
+                        None if content is None else mask_credentials(content))
     return Change(component, summary, (command, *then), reboot=reboot, diff=diff)

@@ -114,4 +114,5 @@ def changes(ctx: OpContext) -> Iterator[Change]:
         yield Change(COMPONENT, f"generate the CDI spec {CDI_SPEC} for driver {version}", (generate,))
     elif driver_pending(ctx) and driver.driver_change(ctx) is not None:
         yield Change(COMPONENT, f"generate the CDI spec {CDI_SPEC} for driver {version} if it already answers "
-                     "(else on the run after the reboot)", (f"if {DRIVER_ANSWERS}; then {generate}; fi",))
+                     "(else on the run after the reboot)", (f"if {DRIVER_ANSWERS}; then {generate}; fi",),
+                     requires=driver.COMPONENT)

@@ -9,7 +9,6 @@ facts (every installed package of those names held: no change).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
 from gpuprov.errors import InputError
@@ -25,6 +24,7 @@ from gpuprov.ops.base import (
     stack_packages,
 )
 from gpuprov.ops.pkg import VERSIONLOCK_LIST, Package
+from gpuprov.ops.repo import RELEASE_LABEL
 from gpuprov.stack.resolve import PACKAGE_SECTIONS
 
 COMPONENT = "pins"
@@ -52,7 +52,6 @@ VERSIONLOCK_PLUGIN = "python3-dnf-plugin-versionlock"
 # not from the distribution's own NVIDIA packaging even when that carries a higher version; below 990 and 1000,
 # so an explicit target release still wins and nothing is ever downgraded for it.
 REPO_PRIORITY = 600
-_LABEL = re.compile(r"[\w][\w .+:~/-]*")
 
 
 def pinned_packages(ctx: OpContext) -> list[Package]:
@@ -81,7 +80,7 @@ def preferences(packages: list[Package], driver_version: str, label: str | None)
 
 def repo_label(ctx: OpContext) -> str | None:
     label = ctx.repo.label
-    if label is not None and not _LABEL.fullmatch(label):
+    if label is not None and not RELEASE_LABEL.fullmatch(label):
         raise InputError(f"repository label {label!r} cannot be pinned (letters, digits, spaces and ._+:~/- only)",
                          host=ctx.host, step=COMPONENT, hint="fix mirror.label in the inventory (the `Label:` "
                          "line of the mirror's Release file)")

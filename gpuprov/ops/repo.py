@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 from gpuprov.errors import InputError
 from gpuprov.stack.data import OS_KEYS, table
 
+# A Release `Label:` apt can pin by (`Pin: release l=LABEL`): letters, digits, spaces and ._+:~/- only.
+RELEASE_LABEL = re.compile(r"[\w][\w .+:~/-]*")
 # `uname -m` names, and the Debian names of the same architectures
 _ARCH_ALIASES = {"amd64": "x86_64", "arm64": "aarch64"}
 

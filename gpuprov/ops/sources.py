@@ -108,8 +108,11 @@ def key_command(repo_key_url: str | None, key_data: str | None, fpr: str, keyrin
         fetch = f'printf %s {q(key_data)} > "$d/key"'
         source = "the mirror key file"
     else:
-        proxy_opt = f"--proxy {q(proxy)} " if proxy else ""
-        fetch = f'curl -fsSL --retry 3 --connect-timeout 20 {proxy_opt}-o "$d/key" {q(repo_key_url or "")}'
+        # the proxy (it may carry a login) reaches curl through its config on stdin, printed by the shell's
+        # printf builtin: never on a command line
+        config = f"printf 'proxy = \"%s\"\\n' {q(proxy)} | " if proxy else ""
+        fetch = (f'{config}curl {"-K - " if proxy else ""}-fsSL --retry 3 --connect-timeout 20 -o "$d/key" '
+                 f'{q(repo_key_url or "")}')
         source = repo_key_url or ""
     mismatch = ("gpuprov: the signing key from %s has fingerprint(s) '%s', expected %s; not trusting it. "
                 "Check the key source and the fingerprint in the inventory.\\n")

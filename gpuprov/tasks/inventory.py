@@ -45,6 +45,7 @@ def check(c, inventory=None):
 @exits_cleanly
 def show(c, host, inventory=None, json_=False):
     """Show one host: connection settings and merged variables, with where each came from."""
+    from gpuprov.errors import mask_credentials
     from gpuprov.inventory import load_inventory
 
     inv = load_inventory(_inventory_path(c, inventory))
@@ -55,7 +56,7 @@ def show(c, host, inventory=None, json_=False):
                                                   "port": jump.port, "user": jump.user}
     data["inventory"] = str(inv.path)
     if json_:
-        print(json.dumps(data, indent=2, sort_keys=True, default=str))
+        print(mask_credentials(json.dumps(data, indent=2, sort_keys=True, default=str)))
         return
     _print_host(data)
 
@@ -65,8 +66,11 @@ def _print_host(data: dict) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from gpuprov.errors import mask_credentials
+
     def cell(value) -> Text:
-        return Text(value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str))
+        return Text(mask_credentials(value if isinstance(value, str) else json.dumps(value, sort_keys=True,
+                                                                                     default=str)))
 
     setting_sources = data["setting_sources"]
     connection = Table(title=f"{data['name']} ({data['inventory']})", title_justify="left")

@@ -7,6 +7,8 @@ from invoke.exceptions import Exit
 
 from gpuprov.tasks._common import HOST_HELP, exits_cleanly, run_settings, select_hosts
 
+# gpuprov.ops.COMPONENTS, written out so that `invoke --list` imports no operation module
+ONLY_CHOICES = "sources,kernel,driver,cuda,nccl,engine,container_toolkit,fabricmanager,dcgm,pins"
 RUN_HELP = {
     **HOST_HELP,
     "parallel": "hosts worked on at once (default: gpuprov.parallel)",
@@ -41,7 +43,7 @@ def _held_back(run) -> bool:
               "| always",
     "disrupt": "allow disruptive steps (driver change, reboot, fabric manager or Docker restart) even while "
                "GPU processes, containers or Slurm jobs run on the host",
-    "only": "comma list of components: " + "sources,kernel,driver,cuda,nccl,container_toolkit,fabricmanager,dcgm,pins",
+    "only": "comma list of components: " + ONLY_CHOICES,
     "skip_preflight": "provision even when a preflight check fails",
     "update_lock": "move the lock file to the newly resolved stack",
     "json": "print the run report as JSON on stdout",

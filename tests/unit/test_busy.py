@@ -13,8 +13,8 @@ from gpuprov.busy import REFUSED_RC, guard, running_work
 from gpuprov.ops import Change
 from gpuprov.provision import HostRun, Options, _decide_reboot, _split_refused
 
-IDLE = {"gpu_processes": [], "gpu_device_users": [], "containers": [], "slurm_jobs": None,
-        "docker": {"active": True}}
+IDLE = {"os": {"family": "debian"}, "gpu_processes": [], "gpu_device_users": [], "containers": [],
+        "slurm_jobs": None, "docker": {"active": True}}
 
 
 def test_idle_host_runs_nothing():
@@ -51,6 +51,19 @@ def test_plan_time_refusal_keeps_the_rest_of_the_plan():
     allowed, refused = _split_refused([DRIVER, DOCKER, PINS], busy, disrupt=False)
     assert allowed == [DOCKER, PINS] and list(refused) == [DRIVER]
     assert _split_refused([DRIVER, DOCKER, PINS], busy, disrupt=True) == ([DRIVER, DOCKER, PINS], {})
+
+
+def test_what_completes_a_refused_change_waits_with_it_and_the_index_refresh_stays():
+    refresh = "DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 -o Dpkg::Options::=--force-confdef " \
+              "-o Dpkg::Options::=--force-confold -q update"
+    driver = Change("driver", "install nvidia-open-570", (refresh, "apt-get install nvidia-open-570"), reboot=True,
+                    disruptive="driver change")
+    cdi = Change("container_toolkit", "generate the CDI spec if it already answers", ("true",), requires="driver")
+    cuda = Change("cuda", "install cuda-toolkit-12-8", ("apt-get install cuda-toolkit-12-8",))
+    busy = IDLE | {"slurm_jobs": ["77 bob train"]}
+    allowed, refused = _split_refused([driver, cdi, cuda], busy, disrupt=False)
+    assert refused == {driver: ["Slurm job 77 bob train"], cdi: ["Slurm job 77 bob train"]}
+    assert [c.commands for c in allowed] == [(refresh,), cuda.commands]
 
 
 @pytest.fixture
@@ -126,3 +139,37 @@ def test_always_reboots_without_changes_and_nothing_reboots_a_busy_host_without_
     now, run = decide(busy, reboot="always")
     assert now is False and run.reboot == "refused" and "container trainer (pytorch)" in run.reboot_detail
     assert decide(busy, reboot="always", disrupt=True)[0] is True
+
+
+def test_steps_keep_secrets_off_command_lines_and_cannot_eat_the_script():
+    """A step's text (file contents with credentials) is in no process's /proc/PID/cmdline, and a step that
+    reads stdin gets nothing of the rest of the batch."""
+    secret = Change("sources", "auth", ("printf %s 'password SECRET-token' >/dev/null",
+                                        "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' '\\n' | "
+                                        "grep -c 'S[E]CRET-token' || true"))
+    reader = Change("a", "reads stdin", ("head -c 100 || true",))
+    last = Change("b", "after the reader", ("echo still-here",))
+    proc = subprocess.run(["sh", "-s"], input=batch_script([secret, reader, last]), capture_output=True,
+                          text=True, timeout=60)
+    steps = parse_steps([secret, reader, last], proc.stdout)
+    assert [s.output for s in steps] == ["0", "", "still-here"]
+
+
+def test_a_commands_own_exit_75_is_a_failure_not_a_refusal():
+    change = Change("a", "exits 75", ("exit 75",))
+    [step] = parse_steps([change], subprocess.run(["sh", "-s"], input=batch_script([change]), capture_output=True,
+                                                  text=True, timeout=30).stdout)
+    assert step.status == "failed"
+
+
+def test_gpu_daemons_count_by_their_cut_comm_name_too():
+    facts = IDLE | {"gpu_processes": None, "gpu_device_users": [
+        {"pid": 900, "process_name": "nvidia-persiste"}, {"pid": 901, "process_name": "nv-fabricmanage"}]}
+    assert running_work(facts) == []
+
+
+def test_the_only_help_lists_every_component():
+    from gpuprov.ops import COMPONENTS
+    from gpuprov.tasks.provision import ONLY_CHOICES
+
+    assert ONLY_CHOICES.split(",") == list(COMPONENTS)

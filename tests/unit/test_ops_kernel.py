@@ -70,7 +70,7 @@ def test_changed_blacklist_is_restored_when_the_rebuild_fails():
     facts = provisioned_facts("debian", make_stack(), make_repo())
     facts["files"][kernel.NOUVEAU_BLACKLIST] = "blacklist nouveau\n"
     [change] = plan(facts)
-    assert "|| { mkdir -p /etc/modprobe.d && printf %s 'blacklist nouveau\n'" in change.commands[0]
+    assert "|| { mkdir -p /etc/modprobe.d && (umask 077 && printf %s 'blacklist nouveau\n'" in change.commands[0]
 
 
 def test_in_state_kernel_changes_nothing():

@@ -68,7 +68,7 @@ def test_bare_debian_host_blacklists_and_holds_while_the_driver_change_writes_th
     assert "Unattended-Upgrade::Package-Blacklist {" in unattended.diff
     assert "nvidia-open-570" in hold.summary and "every installed package of the NVIDIA driver" in hold.summary
     [change] = list(driver.changes(ctx_for(facts, stack)))
-    assert change.commands[0].startswith("mkdir -p /etc/apt/preferences.d && printf %s ")
+    assert change.commands[0].startswith("mkdir -p /etc/apt/preferences.d && (umask 077 && printf %s ")
     assert f"+{DRIVER_STANZA.splitlines()[0]}\n" in change.diff
 
 

@@ -45,7 +45,7 @@ def test_proxy_and_ca_are_written_and_trusted_on_debian():
     assert ca.commands[-1] == "update-ca-certificates"
     assert "ca-certificates curl gnupg" in ca.commands[0]
     key = next(c for c in changes if "signing key" in c.summary)
-    assert "--proxy http://proxy.internal:3128" in key.commands[1]
+    assert "printf 'proxy = \"%s\"\\n' http://proxy.internal:3128 | curl -K - " in key.commands[1]
 
 
 def test_rhel_repo_file_checks_signatures_with_the_verified_key():
@@ -247,3 +247,17 @@ def test_armored_export_for_rpm(tmp_path, keys):
     result, keyring, _ = _run_key(tmp_path, armored, fpr, armored=True)
     assert result.returncode == 0, result.stderr
     assert keyring.read_text().startswith("-----BEGIN PGP PUBLIC KEY BLOCK-----")
+
+
+def test_the_key_fetch_gives_curl_its_proxy_on_stdin():
+    """curl reads `proxy = "URL"` from `-K -`: the request goes to the proxy (a closed local port here), and the
+    proxy's login never appears on a command line."""
+    from gpuprov.ops.sources import key_command
+
+    command = key_command("http://key.invalid/key.pub", None, FPR, "/nonexistent/k.gpg", False, "/nonexistent/s",
+                          "http://user:pw@127.0.0.1:9")
+    fetch = command[command.index("printf 'proxy"):command.index(" && got=")].replace('"$d/key"', "/dev/null")
+    assert "user:pw" not in fetch.split("|", 1)[1]
+    proc = subprocess.run(["sh", "-c", fetch.replace("--retry 3", "--retry 0")], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode != 0 and "127.0.0.1 port 9" in proc.stderr

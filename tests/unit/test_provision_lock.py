@@ -72,3 +72,20 @@ def test_update_lock_moves_the_lock(tmp_path, locked):
 def test_no_lock_means_the_resolved_stack(tmp_path):
     stack, used, _ = stack_for(host("580"), FACTS, Options(locks_dir=tmp_path))
     assert used is None and stack["driver"]["branch"] == "580"
+
+
+def test_hosts_sharing_a_lock_move_it_once_and_must_agree(tmp_path, locked):
+    options = Options(locks_dir=tmp_path, update_lock=True)
+    stack_for(host("580"), FACTS, options)
+    written = locked.read_text()
+    stack, _, notices = stack_for(host("580"), FACTS, options)  # a second member of the group: same stack
+    assert stack["driver"]["branch"] == "580" and notices == [] and locked.read_text() == written
+    with pytest.raises(InputError, match="hosts sharing this lock resolve to different stacks"):
+        stack_for(host("570"), FACTS, options)
+    assert locked.read_text() == written
+
+
+def test_a_dry_run_never_moves_the_lock(tmp_path, locked):
+    before = locked.read_text()
+    stack, _, [notice] = stack_for(host("580"), FACTS, Options(locks_dir=tmp_path, update_lock=True, dry_run=True))
+    assert stack["driver"]["branch"] == "580" and "not written" in notice and locked.read_text() == before

@@ -39,7 +39,7 @@ class Calls:
             self.plans += 1
             return plan_host(*args, **kwargs)
 
-        def reboot(conn, timeout):
+        def reboot(conn, timeout, disrupt=False):
             self.reboots += 1
 
         monkeypatch.setattr(gpuprov.facts.gather, "gather", gather)
