@@ -128,7 +128,8 @@ def test_mirror_serves_standins_and_simulates_driver_upgrade(lab, mirror_host):
     info = ensure_mirror(lab, paths=lab.paths, progress=print)
     again = ensure_mirror(lab, paths=lab.paths)
     assert again.url == info.url and again.fingerprint == info.fingerprint
-    assert mirror_vars(info) == {"url": info.url, "key_file": str(info.key_file), "fingerprint": info.fingerprint}
+    assert mirror_vars(info) == {"url": info.url, "key_file": str(info.key_file), "fingerprint": info.fingerprint,
+                                 "label": "gpuprov-lab"}
     assert info.url.startswith("http://") and info.url.endswith("/")
     assert len(info.fingerprint) == 40
 
