@@ -178,7 +178,7 @@ def provision_host(conn, host, inventory_dir: Path, options: Options,
                                                             f"{DISRUPT_FLAG} to interrupt it")
                 _verify(run)
                 return run
-            run.reboot = "done"
+            run.reboot, run.reboot_detail = "done", f"rebooted for: {run.reboot_detail}"
             run.facts_after = gather(conn, MANAGED_FILES)
             # what waited for the new driver to be loaded (services, CDI spec) is planned again now
             after, held_back = _split_refused(plan_host(host, run.facts_after, run.stack, inventory_dir,
