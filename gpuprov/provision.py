@@ -161,7 +161,7 @@ def provision_host(conn, host, inventory_dir: Path, options: Options,
         run.facts_after = run.facts_before
         if options.dry_run:
             run.status = "planned" if plan.changes else "unchanged"
-            _decide_reboot(run, options, applied_reboot=any(c.reboot for c in allowed))
+            _decide_reboot(run, options, planned_reboot=any(c.reboot for c in allowed))
             return run
         if allowed:
             say(host.name, f"apply {len(allowed)} changes")
@@ -169,8 +169,7 @@ def provision_host(conn, host, inventory_dir: Path, options: Options,
             _apply_and_settle(conn, host, run, allowed, refused, inventory_dir, options)
         if refused and run.status == "unchanged":
             run.status = "refused"
-        applied_reboot = any(s.status == "done" and c.reboot for s, c in _applied(run, allowed))
-        if _decide_reboot(run, options, applied_reboot):
+        if _decide_reboot(run, options):
             say(host.name, "reboot")
             refused_by = reboot_and_wait(conn, options.reboot_timeout, options.disrupt)
             if refused_by:
@@ -221,12 +220,6 @@ def _plan_changes(changes: list, refused: dict) -> list[dict]:
     from gpuprov.plan import change_dict
 
     return [change_dict(c, refused.get(c)) for c in changes]
-
-
-def _applied(run: HostRun, changes: list) -> list[tuple]:
-    """(step, change) pairs of this run's steps for `changes`."""
-    by_key = {(c.component, c.summary): c for c in changes}
-    return [(s, by_key[(s.component, s.summary)]) for s in run.steps if (s.component, s.summary) in by_key]
 
 
 def _preflight(conn, host, run: HostRun, inventory_dir: Path, probe: bool) -> None:
@@ -288,14 +281,16 @@ def _apply_and_settle(conn, host, run: HostRun, changes: list, refused: dict, in
         run.steps += steps
 
 
-def _decide_reboot(run: HostRun, options: Options, applied_reboot: bool) -> bool:
+def _decide_reboot(run: HostRun, options: Options, planned_reboot: bool = False) -> bool:
     """Whether to reboot now; sets run.reboot and run.reboot_detail either way.
 
-    `if-needed` reboots for this run's reboot-needing changes and for a driver swap gpuprov recorded earlier
-    (/run/gpuprov/reboot-pending); an OS-level /var/run/reboot-required alone is reported, not acted on."""
+    `if-needed` reboots for what gpuprov applied that takes effect at the next boot: every such step records
+    itself in /run/gpuprov/reboot-pending, which the facts after the batch read (this run's changes and
+    earlier runs'); a dry run counts the `planned_reboot` changes instead. An OS-level
+    /var/run/reboot-required alone is reported, not acted on."""
     facts = run.facts_after or run.facts_before or {}
     pending = list(facts.get("gpuprov_reboot_pending") or [])
-    needed = applied_reboot or bool(pending)
+    needed = planned_reboot or bool(pending)
     os_only = not needed and facts.get("reboot_required")
     if os_only:
         pkgs = ", ".join(facts.get("reboot_required_pkgs") or []) or "no package named"

@@ -32,8 +32,10 @@ class Calls:
 
         def apply_changes(conn, changes, *, disrupt=False, managed_files=()):
             self.applies.append(len(changes))
-            self.facts = done
-            return [StepResult(c.component, c.summary, list(c.commands), 0, 0.1, "") for c in changes], done
+            # the batch records each change that takes effect at the next boot (apply.step_body)
+            self.facts = done | {"gpuprov_reboot_pending": [f"{c.component}: {c.summary}" for c in changes
+                                                            if c.reboot]}
+            return [StepResult(c.component, c.summary, list(c.commands), 0, 0.1, "") for c in changes], self.facts
 
         def plan(*args, **kwargs):
             self.plans += 1
@@ -62,6 +64,7 @@ def test_from_bare_facts_are_gathered_once_before_and_once_after_a_reboot(monkey
     calls = Calls(monkeypatch, bare_facts() | {"gpu_processes": [], "containers": None})
     result = run(Options(reboot=reboot, skip_preflight=True))
     assert result.status == "changed" and result.facts_after is calls.facts
+    assert result.reboot == ("done" if reboot == "if-needed" else "required")
     assert (calls.gathers, len(calls.applies), calls.reboots, calls.plans) == (gathers, 1, reboots, plans)
 
 
