@@ -1,0 +1,75 @@
+"""Results, the check registry and the context every check gets."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+PASS, FAIL, SKIP, WARN = "pass", "fail", "skip", "warn"
+STATUSES = (PASS, FAIL, SKIP, WARN)
+LEVELS = ("quick", "burn-in")
+
+
+@dataclasses.dataclass
+class Result:
+    """One check's verdict: always a reason, and the figures it measured and judged against."""
+
+    check: str
+    status: str
+    reason: str
+    figures: dict[str, Any] = dataclasses.field(default_factory=dict)
+    thresholds: dict[str, Any] = dataclasses.field(default_factory=dict)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """A registered check: `fn(ctx) -> Result`, run in its own process under `timeout` seconds."""
+
+    name: str
+    fn: Callable[[Context], Result]
+    timeout: float
+    levels: tuple[str, ...]
+
+
+REGISTRY: dict[str, Check] = {}
+
+
+def check(name: str, *, timeout: float, levels: tuple[str, ...] = LEVELS):
+    """Register a check under a dotted name (`host.ecc`, `train.ddp`, `perf.matmul`)."""
+
+    def register(fn: Callable[[Context], Result]) -> Callable[[Context], Result]:
+        REGISTRY[name] = Check(name, fn, timeout, levels)
+        return fn
+
+    return register
+
+
+@dataclasses.dataclass
+class Context:
+    """What a check knows: the controller's config (expected stack, datasheet, thresholds, level) and how to
+    run a command with a timeout."""
+
+    config: dict
+
+    @property
+    def level(self) -> str:
+        return self.config.get("level", "quick")
+
+    def expect(self, key: str, default: Any = None) -> Any:
+        return (self.config.get("expect") or {}).get(key, default)
+
+    def run(self, argv: list[str], timeout: float = 30.0) -> tuple[int, str, str]:
+        """Run a command (never through a shell); rc 127 when it is missing, 124 when it timed out."""
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        except FileNotFoundError:
+            return 127, "", f"{argv[0]}: not found"
+        except subprocess.TimeoutExpired:
+            return 124, "", f"{' '.join(argv)}: timed out after {timeout:g} s"
+        return done.returncode, done.stdout, done.stderr
