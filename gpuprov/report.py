@@ -159,7 +159,8 @@ def summary_table(title: str, rows: list[dict], columns: list[str]) -> None:
     from rich.table import Table
 
     styles = {"failed": "bold red", "changed": "yellow", "planned": "cyan", "unchanged": "green",
-              "fail": "bold red", "warn": "yellow", "pass": "green", "skip": "dim", "required": "bold yellow"}
+              "fail": "bold red", "warn": "yellow", "pass": "green", "skip": "dim", "required": "bold yellow",
+              "error": "bold red", "partial": "cyan"}
     table = Table(title=title, title_justify="left")
     for column in columns:
         table.add_column(column)
@@ -171,3 +172,196 @@ def summary_table(title: str, rows: list[dict], columns: list[str]) -> None:
             cells.append(f"[{style}]{value}[/]" if style else value)
         table.add_row(*cells)
     console().print(table)
+
+
+# ------------------------------------------------------------------------------------------- validate reports
+
+def write_report_sibling(json_path: str | Path, kind: str, suffix: str, text: str) -> Path:
+    """Another format of a report that write_json_report wrote: the same name with `suffix` (".xml") next to
+    it, and <kind>-latest<suffix> replaced atomically. Masked like the JSON."""
+    from gpuprov.errors import mask_credentials
+
+    json_path = Path(json_path)
+    text = mask_credentials(text)
+    path = json_path.with_name(json_path.name.removesuffix(".json") + suffix)
+    with open(path, "x", encoding="utf-8") as handle:
+        handle.write(text)
+    replace_file(json_path.parent / f"{kind}-latest{suffix}", text)
+    return path
+
+
+def replace_file(path: str | Path, text: str) -> Path:
+    """Write `text` to `path` atomically: a temporary file in the same folder, then renamed over it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _iso(epoch) -> str | None:
+    from datetime import UTC, datetime
+
+    if not isinstance(epoch, int | float):
+        return None
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def junit_report(hosts: list[dict]) -> str:
+    """JUnit XML of a validate run (junit-xml): a test suite per host, a test case per check. fail is a
+    failure, skip a skipped case, warn a skipped case whose message starts with "warn:" (JUnit has no warning;
+    either way it is not a pass), and a host whose validation stopped has one errored case, `validation`.
+    Each case's system-out holds its figures and thresholds as JSON."""
+    import json
+
+    from junit_xml import TestCase, TestSuite, to_xml_report_string
+
+    suites = []
+    for host in hosts:
+        classname = f"gpuprov.validate.{host['host']}"
+        cases = []
+        for item in host.get("results") or []:
+            case = TestCase(item["check"], classname=classname, elapsed_sec=float(item.get("seconds") or 0.0),
+                            stdout=json.dumps({"figures": item.get("figures") or {},
+                                               "thresholds": item.get("thresholds") or {}}, sort_keys=True,
+                                              default=str))
+            if item["status"] == "fail":
+                case.add_failure_info(message=item["reason"], failure_type="fail")
+            elif item["status"] == "skip":
+                case.add_skipped_info(message=item["reason"])
+            elif item["status"] == "warn":
+                case.add_skipped_info(message=f"warn: {item['reason']}")
+            cases.append(case)
+        error = host.get("error")
+        if error:
+            case = TestCase("validation", classname=classname, elapsed_sec=float(host.get("seconds") or 0.0))
+            details = "\n".join(f"{key}: {error[key]}" for key in ("step", "command", "hint", "output")
+                                 if error.get(key))
+            case.add_error_info(message=error.get("error"), output=details or None,
+                                error_type=error.get("step") or "error")
+            cases.append(case)
+        properties = {key: str(host[key]) for key in ("gpu", "level", "status", "image") if host.get(key)}
+        suites.append(TestSuite(host["host"], cases, hostname=host.get("address") or None,
+                                timestamp=_iso(host.get("started")), properties=properties or None))
+    return to_xml_report_string(suites, prettyprint=True)
+
+
+def _per_gpu(figures: dict, names: tuple[str, ...]):
+    """(gpu label, figure name, value) for each GPU of a perf result: its `per_gpu` figures, given as
+    {"0": {"bf16_tflops": ..}, ...} or as a list of such mappings (in GPU order, or with an "index"); without
+    them the result's own figure (the minimum over GPUs) with gpu="all"."""
+    per_gpu = figures.get("per_gpu")
+    rows = []
+    if isinstance(per_gpu, dict):
+        rows = [(str(index), values) for index, values in per_gpu.items()]
+    elif isinstance(per_gpu, list):
+        rows = [(str(values.get("index", position)) if isinstance(values, dict) else str(position), values)
+                for position, values in enumerate(per_gpu)]
+    found = False
+    for label, values in rows:
+        if not isinstance(values, dict):
+            continue
+        for name in names:
+            value = values.get(name)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                found = True
+                yield label, name, float(value)
+    if not found:
+        for name in names:
+            value = figures.get(name)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                yield "all", name, float(value)
+
+
+def prometheus_textfile(host: dict, timestamp: float) -> str:
+    """A host's Prometheus textfile (prometheus_client's exposition format) for node_exporter's textfile
+    collector: gpuprov_check_ok{host,check}, gpuprov_matmul_tflops{host,gpu,dtype},
+    gpuprov_copy_gbps{host,gpu,direction}, gpuprov_allreduce_busbw_gbps{host},
+    gpuprov_validate_timestamp_seconds{host}."""
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    name = host["host"]
+    registry = CollectorRegistry()
+    ok = Gauge("gpuprov_check_ok", "1 when the validation check passed; 0 when it failed, warned or was skipped",
+               ["host", "check"], registry=registry)
+    matmul = Gauge("gpuprov_matmul_tflops", "Dense matmul throughput per GPU (TFLOP/s)", ["host", "gpu", "dtype"],
+                   registry=registry)
+    copy = Gauge("gpuprov_copy_gbps", "Copy bandwidth per GPU (GB/s): d2d on the device, h2d and d2h from pinned "
+                 "host memory", ["host", "gpu", "direction"], registry=registry)
+    busbw = Gauge("gpuprov_allreduce_busbw_gbps", "NCCL all-reduce bus bandwidth across the host's GPUs (GB/s)",
+                  ["host"], registry=registry)
+    stamp = Gauge("gpuprov_validate_timestamp_seconds", "When gpuprov validate last judged the host (Unix time)",
+                  ["host"], registry=registry)
+    for item in host.get("results") or []:
+        ok.labels(name, item["check"]).set(1 if item["status"] == "pass" else 0)
+        figures = item.get("figures") or {}
+        if item["check"] == "perf.matmul":
+            for gpu, figure, value in _per_gpu(figures, ("bf16_tflops", "fp16_tflops", "tf32_tflops", "fp32_tflops")):
+                matmul.labels(name, gpu, figure.removesuffix("_tflops")).set(value)
+        elif item["check"] == "perf.copy":
+            for gpu, figure, value in _per_gpu(figures, ("d2d_gbs", "h2d_gbs", "d2h_gbs")):
+                copy.labels(name, gpu, figure.removesuffix("_gbs")).set(value)
+        elif item["check"] == "perf.allreduce" and isinstance(figures.get("busbw_gbs"), int | float):
+            busbw.labels(name).set(float(figures["busbw_gbs"]))
+    if host.get("error"):
+        ok.labels(name, "validation").set(0)
+    stamp.labels(name).set(timestamp)
+    return generate_latest(registry).decode()
+
+
+def _figures_text(figures: dict, limit: int = 6) -> str:
+    parts = []
+    for key, value in figures.items():
+        if isinstance(value, bool) or not isinstance(value, int | float | str) or key == "per_gpu":
+            continue
+        parts.append(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}")
+    return " ".join(parts[:limit]) + (" ..." if len(parts) > limit else "")
+
+
+def validate_tables(hosts: list[dict], multinode: dict | None = None) -> None:
+    """A rich table per host (every check with its status, figures and reason), then the fleet summary."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    out = console()
+    styles = {"fail": "bold red", "warn": "yellow", "pass": "green", "skip": "dim"}
+    for host in hosts:
+        title = f"{host['host']} ({host.get('gpu') or 'GPU unknown'}, {host.get('level')}" + (
+            f", image {host['image']}" if host.get("image") else "") + ")"
+        if host.get("error") and not host.get("results"):
+            error = host["error"]
+            out.print(f"[bold red]{escape(host['host'])}: validation stopped[/] {escape(error.get('error') or '')}")
+            for key in ("step", "command", "hint"):
+                if error.get(key):
+                    out.print(f"  {key}: {error[key]}", markup=False)
+            continue
+        table = Table(title=title, title_justify="left")
+        for column in ("check", "status", "figures", "reason"):
+            table.add_column(column, overflow="fold")
+        for item in host.get("results") or []:
+            style = styles.get(item["status"], "")
+            table.add_row(escape(item["check"]), f"[{style}]{item['status']}[/]" if style else item["status"],
+                          escape(_figures_text(item.get("figures") or {})), escape(item["reason"]))
+        out.print(table)
+    rows = []
+    for host in hosts:
+        found = host.get("counts") or {}
+        failed = [item for item in host.get("results") or [] if item["status"] == "fail"]
+        detail = (host.get("error") or {}).get("error") or "; ".join(f"{i['check']}: {i['reason']}" for i in failed)
+        rows.append({"host": host["host"], "gpu": host.get("gpu") or "", "status": host.get("status", ""),
+                     "pass": found.get("pass", 0), "fail": found.get("fail", 0), "warn": found.get("warn", 0),
+                     "skip": found.get("skip", 0), "seconds": f"{host.get('seconds', 0):.1f}",
+                     "detail": detail[:160]})
+    summary_table("validate: fleet summary", rows, ["host", "gpu", "status", "pass", "fail", "warn", "skip",
+                                                    "seconds", "detail"])
+    if multinode:
+        style = "green" if multinode.get("status") == "pass" else "bold red"
+        out.print(f"multi-node ({', '.join(multinode.get('hosts', []))}, rendezvous {multinode.get('rendezvous')}): "
+                  f"[{style}]{multinode.get('status')}[/] {escape(multinode.get('reason') or '')}")

@@ -1,0 +1,133 @@
+"""`invoke validate`: the training and inference smoke suite on every host, judged against each GPU's datasheet
+and against the rest of the fleet; optionally one all-reduce across the hosts; JSON, JUnit and Prometheus
+reports."""
+
+from __future__ import annotations
+
+from invoke.exceptions import Exit
+
+from gpuprov.tasks._common import host_task, run_settings, select_hosts, split_names
+
+
+@host_task(help={
+    "level": "quick (default: under a minute per host) or burn-in (minutes of matmul and memory load, "
+             "dcgmi diag -r 3)",
+    "strict": "a skipped or warning check fails",
+    "image": "run the suite in this container image (docker run --gpus all) instead of the host's venv",
+    "multi_node": "also all-reduce across the selected hosts with torchrun (c10d rendezvous at the first host's "
+                  "cluster_address)",
+    "only": "comma list of checks to run (e.g. host.ecc,perf.matmul)",
+    "json": "print the run report as JSON on stdout",
+    "textfile": "place the Prometheus textfile on each host (default; --no-textfile leaves hosts alone)",
+})
+def validate(c, host=None, group=None, all=False, inventory=None, parallel=None, trust_new_hosts=False,
+             level="quick", strict=False, image=None, multi_node=False, only=None, json_=False, textfile=True):
+    """Run the training and inference smoke suite on hosts, judged against datasheets and the fleet.
+
+    Host health, training, inference, sizing, software and performance checks; exit 1 when any check failed."""
+    import json
+    import os
+    import time
+    from pathlib import Path
+
+    from gpuprov import report as reports_
+    from gpuprov.config import path_setting
+    from gpuprov.errors import InputError, mask_credentials
+    from gpuprov.executor import run_on_hosts
+    from gpuprov.validation import host as validation
+    from gpuprov.validation.suite_config import IMAGE_PATTERN, LEVELS
+
+    if level not in LEVELS:
+        raise InputError(f"--level must be one of {', '.join(LEVELS)}, not {level!r}", step="validate")
+    if image is not None and not IMAGE_PATTERN.fullmatch(image):
+        raise InputError(f"--image must be an image reference like repo/name:tag, not {image!r}", step="validate")
+    checks = tuple(split_names([only])) if only else None
+    inv, hosts = select_hosts(c, host, group, all, inventory)
+    if multi_node and len(hosts) < 2:
+        raise InputError("--multi-node needs at least two hosts", step="validate",
+                         hint="select the group with --group NAME")
+    settings = run_settings(c, inv, trust_new_hosts=trust_new_hosts, parallel=parallel)
+    section = c.config.get("gpuprov", {}) if c is not None else {}
+    wheelhouse = Path(os.path.expandvars(os.path.expanduser(str(section.get("wheelhouse", "build/wheelhouse")))))
+    reports = path_setting(c, "reports")
+    options = validation.RunOptions(level=level, strict=strict, image=image, only=checks,
+                                    locks_dir=path_setting(c, "locks"), wheelhouse=wheelhouse)
+    printer = reports_.progress_printer(quiet=json_)
+    started = time.time()
+
+    def work(conn):
+        return validation.validate_host(conn, conn.host, options, say=lambda what: printer(conn.host, what))
+
+    outcomes = run_on_hosts(hosts, work, settings, jump_of=inv.jump_host, on_event=printer)
+    runs = [o.value if o.ok else validation.failed_run(o) for o in outcomes]
+    validation.apply_fleet(runs, reports, strict)
+
+    summary = None
+    if multi_node:
+        summary = _multi_node(inv, hosts, runs, settings, options, printer, run_on_hosts)
+
+    finished = time.time()
+    entries = [run.to_dict() for run in runs]
+    if textfile:
+        _publish(inv, hosts, runs, entries, settings, finished, printer, run_on_hosts, validation.publish_textfile)
+    local = {}
+    for entry in entries:
+        local[entry["host"]] = str(reports_.replace_file(reports / "textfile" / f"{entry['host']}.prom",
+                                                         reports_.prometheus_textfile(entry, finished)))
+    payload = {"level": level, "strict": strict, "image": image, "only": list(checks) if checks else None,
+               "started": started, "finished": finished, "finished_epoch": finished, "multi_node": summary,
+               "hosts": entries, "textfiles": local}
+    report = reports_.write_json_report(reports, "validate", payload)
+    junit = reports_.write_report_sibling(report, "validate", ".xml", reports_.junit_report(entries))
+    if json_:
+        print(mask_credentials(json.dumps({"report": str(report), "junit": str(junit), **payload}, indent=2,
+                                          default=str)))
+    else:
+        reports_.validate_tables(entries, summary)
+        print(f"report: {report}\njunit: {junit}")
+    code = validation.exit_code(entries)
+    if code == 0 and any((e.get("textfile") or {}).get("error") for e in entries):
+        code = 1
+    if code:
+        raise Exit(code=code)
+
+
+def _multi_node(inv, hosts, runs, settings, options, printer, run_on_hosts) -> dict:
+    """The all-reduce across the selected hosts; each host gets its multinode.allreduce result."""
+    from gpuprov.validation.multinode import nodes_for, run_multinode
+    from gpuprov.validation.suite_config import DEFAULT_RDZV_PORT, validate_vars
+
+    nodes = nodes_for(runs, hosts, validate_vars)
+    try:
+        port = validate_vars(hosts[0]).rdzv_port
+    except Exception:  # noqa: BLE001 - the first host's bad variables are its join problem, named already
+        port = DEFAULT_RDZV_PORT
+    outcome = run_multinode(nodes, hosts, settings, jump_of=inv.jump_host, port=port, level=options.level,
+                            image=options.image, layout=options.layout, on_event=printer,
+                            run_on_hosts=run_on_hosts)
+    for run in runs:
+        item = outcome["results"].get(run.host)
+        if item is not None:
+            run.results.append(item)
+    return outcome["summary"]
+
+
+def _publish(inv, hosts, runs, entries, settings, finished, printer, run_on_hosts, publish) -> None:
+    """Each reachable host's textfile into its node_exporter textfile folder; the outcome goes into its entry."""
+    from gpuprov.report import prometheus_textfile
+
+    by_name = {entry["host"]: entry for entry in entries}
+    folders = {run.host: run.textfile_dir for run in runs if run.textfile_dir}
+    unreachable = {name for name, entry in by_name.items()
+                   if (entry.get("error") or {}).get("skipped") or (entry.get("error") or {}).get("step") == "connect"}
+    targets = [h for h in hosts if h.name in folders and h.name not in unreachable]
+    if not targets:
+        return
+    outcomes = run_on_hosts(
+        targets, lambda conn: publish(conn, prometheus_textfile(by_name[conn.host.name], finished),
+                                      folders[conn.host.name]),
+        settings, jump_of=inv.jump_host, on_event=lambda host, event: None)
+    for outcome in outcomes:
+        entry = by_name[outcome.host.name]
+        entry["textfile"] = {"path": outcome.value} if outcome.ok else {
+            "path": f"{folders[outcome.host.name]}/gpuprov_validate.prom", "error": str(outcome.error)}

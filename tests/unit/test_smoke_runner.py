@@ -1,0 +1,269 @@
+"""The suite's runner (gpuprov/smoke/runner.py): discovery, selection, isolation, timeouts, --strict, the JSON.
+
+Process-level behaviour is tested on a copy of the suite's core files in a plain folder named `smoke` (how it is
+copied to a host), with small check modules written for the test: one that hangs and leaves a grandchild
+behind, one that raises, one that does not import, one that returns an invalid result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuprov.smoke import runner
+from gpuprov.smoke.core import REGISTRY, Result
+
+SUITE = Path(runner.__file__).resolve().parent
+REPO = SUITE.parents[1]
+MINE = ["host.gpus", "host.driver", "host.persistence", "host.ecc", "host.pcie", "host.nvlink", "host.fabric",
+        "host.clocks", "host.xid", "host.shm", "host.container", "sizing", "software", "tools.dcgm",
+        "tools.nccl_tests"]
+RESULT_KEYS = {"check", "status", "reason", "figures", "thresholds", "seconds"}
+
+
+def validate_document(doc: dict) -> None:
+    """The runner's one JSON document, as the controller reads it (runner.py's docstring)."""
+    assert set(doc) == {"schema", "host", "level", "strict", "started", "seconds", "versions", "results"}
+    assert doc["schema"] == 1
+    assert isinstance(doc["host"], str) and doc["host"]
+    assert doc["level"] in ("quick", "burn-in")
+    assert isinstance(doc["strict"], bool)
+    assert doc["started"].endswith("+00:00") and "T" in doc["started"]
+    assert isinstance(doc["seconds"], float | int) and doc["seconds"] >= 0
+    assert {"python", "torch", "cuda", "cudnn", "nccl", "onnxruntime", "driver"} <= set(doc["versions"])
+    assert isinstance(doc["results"], list)
+    for result in doc["results"]:
+        assert set(result) == RESULT_KEYS, result
+        assert result["status"] in ("pass", "fail", "skip", "warn")
+        assert isinstance(result["reason"], str) and result["reason"]
+        assert isinstance(result["figures"], dict) and isinstance(result["thresholds"], dict)
+        assert isinstance(result["seconds"], float | int)
+
+
+# ---- in process ---------------------------------------------------------------------------------------------------
+
+
+def test_discovery_lists_every_module_but_the_runners_own():
+    names = runner.module_names()
+    for module in ("host_gpus", "host_driver", "host_persistence", "host_ecc", "host_pcie", "host_nvlink",
+                   "host_fabric", "host_clocks", "host_xid", "host_shm", "host_container", "sizing", "software",
+                   "tools_dcgm", "tools_nccl_tests", "nvsmi", "xid", "load"):
+        assert module in names
+    assert not {"core", "runner", "__main__", "__init__"} & set(names)
+    owners, failures = runner.discover()
+    mine = {"host_gpus", "host_driver", "host_persistence", "host_ecc", "host_pcie", "host_nvlink", "host_fabric",
+            "host_clocks", "host_xid", "host_shm", "host_container", "sizing", "software", "tools_dcgm",
+            "tools_nccl_tests", "nvsmi", "xid", "load"}
+    assert not [f for f in failures if f.check.split(":", 1)[1] in mine]
+    for name in MINE:
+        assert name in REGISTRY
+    assert owners["host.ecc"] == "host_ecc" and owners["tools.nccl_tests"] == "tools_nccl_tests"
+
+
+def test_select_by_level_and_only():
+    runner.discover()
+    quick = [c.name for c in runner.select("quick", None)]
+    assert quick.index("host.gpus") < quick.index("sizing") < quick.index("software") < quick.index("tools.dcgm")
+    assert [c.name for c in runner.select("quick", "host.ecc,sizing")] == ["host.ecc", "sizing"]
+    hosts = [c.name for c in runner.select("quick", "host")]
+    assert hosts and all(n.startswith("host.") for n in hosts) and "host.xid" in hosts
+    with pytest.raises(runner.UsageError, match="no such check"):
+        runner.select("quick", "host.nope")
+
+
+def test_strict_turns_skip_and_warn_into_fail():
+    skip = runner.apply_strict(Result("host.nvlink", "skip", "no NVLink expected", {"a": 1}, {}, 0.1))
+    assert (skip.status, skip.reason, skip.figures) == ("fail", "strict: no NVLink expected", {"a": 1})
+    assert runner.apply_strict(Result("sizing", "warn", "2 CPUs per GPU")).reason == "strict: 2 CPUs per GPU"
+    assert runner.apply_strict(Result("host.shm", "pass", "ok")).status == "pass"
+
+
+# ---- the real suite, end to end -----------------------------------------------------------------------------------
+
+
+def run_suite(tmp_path: Path, config: dict, *args: str, timeout: float = 240) -> tuple[int, dict, str]:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-m", "gpuprov.smoke", "--config", str(path), *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout, env=env)
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stdout + done.stderr  # ONE JSON document on stdout
+    return done.returncode, json.loads(lines[0]), done.stderr
+
+
+def test_suite_json_document_and_exit_code(tmp_path):
+    config = {"host": "gpu01", "expect": {"gpu": "L40S", "form_factor": "pcie"}, "shm_min_gib": 0.001,
+              "workload": None, "data_dir": None}
+    rc, doc, stderr = run_suite(tmp_path, config, "--only", "host.shm,host.nvlink,sizing")
+    validate_document(doc)
+    assert (doc["host"], doc["level"], doc["strict"]) == ("gpu01", "quick", False)
+    assert [(r["check"], r["status"]) for r in doc["results"]] == [
+        ("host.nvlink", "skip"), ("host.shm", "pass"), ("sizing", "skip")]
+    assert rc == 0
+    assert "host.shm: pass" in stderr  # progress goes to stderr
+
+
+def test_suite_strict_and_level(tmp_path):
+    config = {"host": "gpu01", "level": "burn-in", "expect": {"form_factor": "pcie"}}
+    rc, doc, _ = run_suite(tmp_path, config, "--only", "host.nvlink", "--strict")
+    validate_document(doc)
+    assert doc["level"] == "burn-in" and doc["strict"] is True
+    (result,) = doc["results"]
+    assert result["status"] == "fail" and result["reason"].startswith("strict: ")
+    assert rc == 1
+
+
+def test_suite_usage_errors(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text("{}")
+    done = subprocess.run([sys.executable, "-m", "gpuprov.smoke", "--config", str(path), "--only", "host.nope"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == "" and "no such check" in done.stderr
+    done = subprocess.run([sys.executable, "-m", "gpuprov.smoke", "--config", str(tmp_path / "absent.json")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "cannot read the config" in done.stderr
+
+
+# ---- process isolation on a plain-folder copy of the suite ----------------------------------------------------------
+
+HANG = """
+    import os, subprocess, time
+    from .core import check
+
+    @check("test.hang", timeout={timeout})
+    def run(ctx):
+        child = subprocess.Popen(["sleep", "300"])
+        with open(ctx.config["pid_file"], "w") as handle:
+            handle.write(str(child.pid))
+        time.sleep(300)
+"""
+MODULES = {
+    "boom.py": """
+        from .core import check
+
+        @check("test.boom", timeout=30)
+        def run(ctx):
+            raise RuntimeError("boom")
+    """,
+    "broken.py": "def broken(:\n",
+    "liar.py": """
+        from .core import Result, check
+
+        @check("test.liar", timeout=30)
+        def run(ctx):
+            return Result("test.liar", "great", "all good")
+    """,
+    "fine.py": """
+        from .core import Result, check
+
+        @check("test.fine", timeout=30)
+        def run(ctx):
+            return Result("test.fine", "pass", "fine", {"level": ctx.level})
+
+        @check("test.burnin", timeout=30, levels=("burn-in",))
+        def burn(ctx):
+            return Result("test.burnin", "pass", "burn-in only")
+    """,
+}
+
+
+def plain_suite(tmp_path: Path, hang_timeout: float = 2) -> Path:
+    """A folder /…/suite/smoke/ with the suite's core files and the test modules: how a host holds it."""
+    folder = tmp_path / "suite" / "smoke"
+    folder.mkdir(parents=True)
+    for name in ("__init__.py", "__main__.py", "core.py", "runner.py"):
+        shutil.copy(SUITE / name, folder / name)
+    (folder / "hang.py").write_text(textwrap.dedent(HANG.format(timeout=hang_timeout)))
+    for name, text in MODULES.items():
+        (folder / name).write_text(textwrap.dedent(text))
+    return folder.parent
+
+
+def start_plain(root: Path, config: dict, *args: str) -> subprocess.Popen:
+    path = root / "config.json"
+    path.write_text(json.dumps(config))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.Popen([sys.executable, "-m", "smoke", "--config", str(path), *args], cwd=root, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def gone(pid: int) -> bool:
+    """The process no longer runs (absent, or a zombie waiting for its reaper)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def wait_gone(pid: int, seconds: float = 10) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if gone(pid):
+            return True
+        time.sleep(0.1)
+    return gone(pid)
+
+
+def test_hanging_check_is_killed_with_its_children_at_its_timeout(tmp_path):
+    root = plain_suite(tmp_path, hang_timeout=2)
+    pid_file = tmp_path / "sleep.pid"
+    start = time.monotonic()
+    proc = start_plain(root, {"host": "h", "pid_file": str(pid_file)})
+    out, err = proc.communicate(timeout=120)
+    wall = time.monotonic() - start
+    doc = json.loads(out)
+    validate_document(doc)
+    results = {r["check"]: r for r in doc["results"]}
+    hang = results["test.hang"]
+    assert hang["status"] == "fail" and hang["reason"].startswith("timed out after 2 s")
+    assert 2 <= hang["seconds"] < 2 + 5  # the timeout plus the kill and a process start
+    assert hang["thresholds"] == {"timeout_s": 2}
+    assert wait_gone(int(pid_file.read_text())), "the hung check's own child survived it"
+    assert wall < 60, err
+    assert results["test.boom"]["status"] == "fail"
+    assert results["test.boom"]["reason"].startswith("the check raised RuntimeError: boom (at boom.py:")
+    assert results["import:broken"]["status"] == "fail"
+    assert results["import:broken"]["reason"].startswith("module broken.py does not import: SyntaxError")
+    assert results["test.liar"]["reason"] == "the check returned an invalid result (unknown status 'great')"
+    fine = dict(results["test.fine"], seconds=None)
+    assert fine == {"check": "test.fine", "status": "pass", "reason": "fine", "figures": {"level": "quick"},
+                    "thresholds": {}, "seconds": None}
+    assert "test.burnin" not in results
+    assert proc.returncode == 1
+
+
+def test_level_from_the_command_line_and_only(tmp_path):
+    root = plain_suite(tmp_path)
+    proc = start_plain(root, {"host": "h", "level": "quick"}, "--level", "burn-in", "--only", "test.burnin,test.fine")
+    out, _ = proc.communicate(timeout=120)
+    doc = json.loads(out)
+    assert doc["level"] == "burn-in"
+    by_check = {r["check"]: r for r in doc["results"]}
+    assert by_check["test.fine"]["figures"] == {"level": "burn-in"}
+    assert by_check["test.burnin"]["status"] == "pass"
+    assert proc.returncode == 1  # import:broken is always reported
+
+
+def test_terminating_the_runner_kills_the_running_check(tmp_path):
+    root = plain_suite(tmp_path, hang_timeout=120)
+    pid_file = tmp_path / "sleep.pid"
+    proc = start_plain(root, {"host": "h", "pid_file": str(pid_file)}, "--only", "test.hang")
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None, "the check never started"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert wait_gone(int(pid_file.read_text()))

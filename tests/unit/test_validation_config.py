@@ -1,0 +1,182 @@
+"""Each host's suite config from a lab-like inventory, a stack and facts; the validation variables' checks.
+
+Expected figures are NVIDIA's datasheet numbers written out here (dense = the datasheet's sparse figure / 2):
+H100 SXM5 BF16/FP16 989, TF32 494.5 ("989 TFLOPS*" with sparsity), 3,350 GB/s; L40S BF16 362.05, TF32 183
+("366*"); PCIe per direction after 128b/130b encoding: Gen5 x16 32 GT/s x 16 / 8 x 128/130 = 63.0 GB/s, Gen4
+31.5 GB/s. nvidia-smi names from the captures in tests/fixtures/nvidia-smi-q*."""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+
+import pytest
+
+from gpuprov.errors import InputError
+from gpuprov.inventory import load_inventory
+from gpuprov.validation.suite_config import build_config, validate_vars
+
+# the shape `invoke lab.up` writes (gpuprov/lab/state.py), plus the validation variables
+LAB_INVENTORY = textwrap.dedent("""\
+    defaults: {user: root}
+    groups:
+      lab:
+        vars:
+          validate: {torch_wheel: cpu, torch_version: latest, torch_index: ""}
+      hgx-h100:
+        vars: {container_engine: docker}
+      l40s: {vars: {}}
+    hosts:
+      gpuprov-lab-01:
+        address: 127.0.0.1
+        port: 42201
+        groups: [lab, hgx-h100]
+        vars:
+          hardware: {gpu: H100-SXM, count: 8, nvswitch: true}
+          lab: {profile: hgx-h100, internal_ip: 172.20.0.2}
+          cluster_address: 172.20.0.2
+          workload: llm-finetune
+          data_dir: /data
+      gpuprov-lab-02:
+        address: 127.0.0.1
+        port: 42202
+        groups: [lab, l40s]
+        vars:
+          hardware: {gpu: L40S, count: 4, nvswitch: false}
+          lab: {profile: l40s, internal_ip: 172.20.0.3}
+    """)
+
+H100_STACK = {"gpu": {"model": "H100-SXM"}, "driver": {"version": "570.148.08"}, "cuda": {"version": "12.8.1"},
+              "nccl": {"version": "2.26.5"}, "fabricmanager": {"version": "570.148.08"},
+              "pytorch": {"version": "2.7", "wheel": "cu128"}, "ngc_pytorch": "25.04-py3"}
+L40S_STACK = {"gpu": {"model": "L40S"}, "driver": {"version": "570.148.08"}, "cuda": {"version": "12.8.1"},
+              "nccl": {"version": "2.26.5"}, "fabricmanager": None, "pytorch": {"version": "2.7", "wheel": "cu128"}}
+
+
+def facts(gpus: int, docker: bool = True) -> dict:
+    return {"nvidia_smi": {"driver_version": "570.148.08", "gpus": [{"index": i} for i in range(gpus)]},
+            "pci_gpus": [{"device_id": "2330"}] * gpus,
+            "docker": {"version": "24.0", "active": True, "runtimes": ["nvidia"]} if docker else None}
+
+
+@pytest.fixture
+def inventory(tmp_path):
+    path = tmp_path / "lab.yaml"
+    path.write_text(LAB_INVENTORY)
+    return load_inventory(path)
+
+
+def test_hgx_host_config(inventory):
+    host = inventory.host("gpuprov-lab-01")
+    config = build_config(host, facts(8), H100_STACK, validate_vars(host))
+    assert config == {
+        "host": "gpuprov-lab-01", "level": "quick", "strict": False,
+        "expect": {"gpu": "H100-SXM", "gpu_names": ["NVIDIA H100 80GB HBM3"], "count": 8, "driver": "570.148.08",
+                   "cuda": None, "nccl": None, "cudnn": None, "nvswitch": True, "form_factor": "sxm", "bf16": True},
+        "datasheet": {"bf16_tflops": 989, "fp16_tflops": 989, "tf32_tflops": 494.5, "mem_bw_gbs": 3350,
+                      "pcie_gbs": 63.0},
+        "threshold_pct": 80.0, "workload": "llm-finetune", "data_dir": "/data", "shm_min_gib": 8.0,
+        "container": None, "gpus_visible": True, "sizing": None, "min_batching_gain": None, "dcgm_level": None,
+        "burn_in_seconds": None, "nccl_tests": None,
+    }
+
+
+def test_lab_host_variables(inventory):
+    """The lab's CPU wheel settings come from the lab group; cluster_address from the host (else address)."""
+    first, second = (validate_vars(inventory.host(n)) for n in ("gpuprov-lab-01", "gpuprov-lab-02"))
+    assert (first.torch_wheel, first.torch_version, first.torch_index) == ("cpu", "latest", "")
+    assert first.cluster_address == "172.20.0.2"
+    assert second.cluster_address == "127.0.0.1"
+    assert (second.outlier_pct, second.textfile_dir, second.rdzv_port) == (
+        10.0, "/var/lib/prometheus/node-exporter", 29400)
+
+
+def test_cuda_expected_from_the_wheel_variant(inventory):
+    """With the resolver's cu128 wheel torch reports CUDA 12.8; its NCCL and cuDNN are the wheel's own."""
+    host = inventory.host("gpuprov-lab-02")
+    settings = dataclasses.replace(validate_vars(host), torch_wheel=None)   # not the lab's CPU wheel
+    config = build_config(host, facts(4, docker=False), L40S_STACK, settings, level="burn-in", strict=True)
+    assert (config["expect"]["cuda"], config["expect"]["nccl"], config["expect"]["cudnn"]) == ("12.8", None, None)
+    assert config["expect"]["nvswitch"] is False and config["expect"]["form_factor"] == "pcie"
+    assert config["datasheet"] == {"bf16_tflops": 362.05, "fp16_tflops": 362.05, "tf32_tflops": 183,
+                                   "mem_bw_gbs": 864, "pcie_gbs": 31.5}
+    assert (config["level"], config["strict"], config["workload"], config["data_dir"]) == ("burn-in", True, None,
+                                                                                           None)
+
+
+def test_ngc_image_expectations(inventory):
+    """NGC PyTorch 24.05: CUDA 12.4.1, NCCL 2.21.5, cuDNN 9.1.0.70 (its release notes, gpuprov/data/ngc_pytorch)."""
+    host = inventory.host("gpuprov-lab-01")
+    config = build_config(host, facts(8), H100_STACK, validate_vars(host), image="nvcr.io/nvidia/pytorch:24.05-py3")
+    assert {k: config["expect"][k] for k in ("cuda", "nccl", "cudnn")} == {"cuda": "12.4", "nccl": "2.21.5",
+                                                                           "cudnn": "9.1.0.70"}
+    assert config["container"] == {"runtime": "docker", "image": "nvcr.io/nvidia/pytorch:24.05-py3"}
+    other = build_config(host, facts(8), H100_STACK, validate_vars(host), image="registry.local/train:1")
+    assert {k: other["expect"][k] for k in ("cuda", "nccl", "cudnn")} == {"cuda": None, "nccl": None, "cudnn": None}
+
+
+def test_no_gpus_visible_without_nvidia_smi(inventory):
+    host = inventory.host("gpuprov-lab-01")
+    bare = {"nvidia_smi": None, "pci_gpus": [{"device_id": "2330"}] * 8, "docker": None}
+    config = build_config(host, bare, H100_STACK, validate_vars(host))
+    assert config["gpus_visible"] is False and config["expect"]["count"] == 8
+
+
+def test_threshold_per_gpu_model(tmp_path):
+    path = tmp_path / "inv.yaml"
+    path.write_text(textwrap.dedent("""\
+        defaults:
+          vars: {validate: {threshold_pct: {H100: 85, default: 75}, outlier_pct: 5, shm_min_gib: 16,
+                            textfile_dir: /srv/node-exporter, image: "nvcr.io/nvidia/pytorch:25.04-py3",
+                            sizing: {cpu_cores_per_gpu: 12}, min_batching_gain: 3, dcgm_level: 2,
+                            burn_in_seconds: 600, nccl_tests: /opt/nccl-tests/build/all_reduce_perf}}
+        hosts:
+          a: {address: 192.0.2.1, vars: {hardware: {gpu: H100-SXM5, count: 8}}}
+          b: {address: 192.0.2.2, vars: {hardware: {gpu: L40S, count: 4}}}
+        """))
+    inv = load_inventory(path)
+    a, b = inv.host("a"), inv.host("b")
+    config_a = build_config(a, facts(8), H100_STACK, validate_vars(a))
+    config_b = build_config(b, facts(4), L40S_STACK, validate_vars(b))
+    assert (config_a["threshold_pct"], config_b["threshold_pct"]) == (85.0, 75.0)
+    assert config_a["shm_min_gib"] == 16.0
+    assert {k: config_a[k] for k in ("sizing", "min_batching_gain", "dcgm_level", "burn_in_seconds", "nccl_tests")} \
+        == {"sizing": {"cpu_cores_per_gpu": 12.0}, "min_batching_gain": 3.0, "dcgm_level": 2,
+            "burn_in_seconds": 600.0, "nccl_tests": "/opt/nccl-tests/build/all_reduce_perf"}
+    assert config_a["container"] == {"runtime": "docker", "image": "nvcr.io/nvidia/pytorch:25.04-py3"}
+    settings = validate_vars(a)
+    assert (settings.outlier_pct, settings.textfile_dir) == (5.0, "/srv/node-exporter")
+
+
+@pytest.mark.parametrize(("variables", "message"), [
+    ({"workload": "training"}, "variable workload (host): must be one of llm-finetune, cv, recsys, inference"),
+    ({"data_dir": "data"}, "variable data_dir (host): must be an absolute path"),
+    ({"cluster_address": "10.0.0.1; reboot"}, "variable cluster_address (host): must be an IP address or host name"),
+    ({"validate": {"outlier": 5}}, "unknown key(s) outlier"),
+    ({"validate": {"threshold_pct": 120}}, "validate.threshold_pct (host): must be a number above 0 and at most 100"),
+    ({"validate": {"threshold_pct": {"H1000": 80}}}, "unknown GPU model 'H1000'"),
+    ({"validate": {"textfile_dir": "/var/lib/../etc"}}, "validate.textfile_dir (host): must be an absolute path"),
+    ({"validate": {"torch_wheel": "cuda12"}}, "must be cpu or a CUDA variant like cu128"),
+    ({"validate": {"torch_version": "two"}}, "must be a release like \"2.7\" or latest"),
+    ({"validate": {"torch_index": "ftp://x"}}, "must be an http(s) or file URL"),
+    ({"validate": {"rdzv_port": 80}}, "must be a port from 1024 to 65535"),
+    ({"validate": {"image": "img; rm -rf /"}}, "must be an image reference"),
+    ({"validate": {"sizing": {"cores": 8}}}, "must be a mapping with keys among cpu_cores_per_gpu"),
+    ({"validate": {"dcgm_level": 5}}, "must be 1, 2, 3 or 4 (dcgmi diag -r)"),
+    ({"validate": {"nccl_tests": "all_reduce_perf"}}, "validate.nccl_tests (host): must be an absolute path"),
+])
+def test_bad_variables_name_host_variable_and_source(tmp_path, variables, message):
+    import yaml
+
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump({"hosts": {"gpu01": {"address": "192.0.2.1", "vars": variables}}}))
+    with pytest.raises(InputError) as caught:
+        validate_vars(load_inventory(path).host("gpu01"))
+    assert message in caught.value.message
+    assert caught.value.host == "gpu01" and caught.value.exit_code == 2
+
+
+def test_unknown_level_is_bad_input(inventory):
+    host = inventory.host("gpuprov-lab-01")
+    with pytest.raises(InputError, match="--level must be one of quick, burn-in"):
+        build_config(host, facts(8), H100_STACK, validate_vars(host), level="slow")

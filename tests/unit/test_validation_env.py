@@ -1,0 +1,252 @@
+"""The host's Python environment: the controller's wheelhouse (pip download commands, manifest, reuse) and the
+venv on the host, built from pushed wheels and left alone when its marker matches.
+
+The host side runs for real in a temporary folder: a connection that runs each command with `sh -c` here and
+"uploads" by copying, recording both; the wheels are pip's own (from ensurepip) and a small wheel made here."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from gpuprov.connection import Result
+from gpuprov.errors import GpuprovError
+from gpuprov.validation import Layout
+from gpuprov.validation.env import (
+    MANIFEST,
+    HostPython,
+    Wheelhouse,
+    ensure_env,
+    load_wheelhouse,
+    pip_download_commands,
+    probe_host,
+    request_for,
+    wheelhouse_for,
+)
+from gpuprov.validation.remote import Remote
+
+
+class LocalSFTP:
+    def __init__(self, conn):
+        self.conn = conn
+
+    def put(self, local, remote):
+        self.conn.uploads.append(remote)
+        shutil.copyfile(local, remote)
+
+    def putfo(self, handle, remote):
+        self.conn.uploads.append(remote)
+        Path(remote).write_bytes(handle.read())
+
+    def posix_rename(self, old, new):
+        os.replace(old, new)
+
+    def listdir_attr(self, path):
+        return [SimpleNamespace(filename=name, st_size=os.stat(os.path.join(path, name)).st_size)
+                for name in os.listdir(path)]
+
+    def remove(self, path):
+        self.conn.removed.append(path)
+        os.remove(path)
+
+
+class LocalConn:
+    """A host that is this machine: commands run with `sh -c` (as this user, root in CI), uploads copy files."""
+
+    def __init__(self, name: str = "lab01"):
+        self.host = SimpleNamespace(name=name, user=os.environ.get("USER") or "root", address="127.0.0.1")
+        self.commands: list[str] = []
+        self.uploads: list[str] = []
+        self.removed: list[str] = []
+
+    def run(self, command, *, sudo=False, timeout=None, stdin=None):
+        self.commands.append(command)
+        done = subprocess.run(["sh", "-c", command], input=stdin, capture_output=True, text=True,
+                              timeout=timeout or 600, check=False)
+        return Result(command, done.returncode, done.stdout, done.stderr, 0.0)
+
+    def sftp(self):
+        return LocalSFTP(self)
+
+
+def make_wheel(folder: Path, version: str = "1.0", value: int = 42) -> Path:
+    """A pure-Python wheel `gpuprov_probe` whose module holds VALUE (PEP 427 layout, RECORD with hashes)."""
+    files = {
+        "gpuprov_probe/__init__.py": f"VALUE = {value}\n".encode(),
+        f"gpuprov_probe-{version}.dist-info/METADATA":
+            f"Metadata-Version: 2.1\nName: gpuprov-probe\nVersion: {version}\n".encode(),
+        f"gpuprov_probe-{version}.dist-info/WHEEL":
+            b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}")
+    record.append(f"gpuprov_probe-{version}.dist-info/RECORD,,")
+    files[f"gpuprov_probe-{version}.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
+    path = folder / f"gpuprov_probe-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    return path
+
+
+def pip_wheel() -> Path:
+    import ensurepip
+
+    bundled = sorted((Path(ensurepip.__file__).parent / "_bundled").glob("pip-*.whl"))
+    if not bundled:
+        pytest.skip("this Python has no bundled pip wheel (ensurepip)")
+    return bundled[-1]
+
+
+def tiny_wheelhouse(folder: Path, version: str = "1.0", value: int = 42) -> Wheelhouse:
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(pip_wheel(), folder)
+    make_wheel(folder, version, value)
+    files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.glob("*.whl")}
+    return Wheelhouse(folder, files, ["gpuprov-probe"])
+
+
+def probe_value(layout: Layout) -> str:
+    return subprocess.run([layout.python, "-c", "import gpuprov_probe; print(gpuprov_probe.VALUE)"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_second_run_uploads_and_installs_nothing(tmp_path):
+    layout = Layout(root=str(tmp_path / "opt"))
+    wheelhouse = tiny_wheelhouse(tmp_path / "controller" / "set")
+    conn = LocalConn()
+    remote = Remote(conn)
+
+    python = probe_host(remote, layout)
+    assert python.marker is None and python.version == f"{sys.version_info[0]}.{sys.version_info[1]}"
+    first = ensure_env(remote, python, wheelhouse, layout)
+    assert first["installed"] is True and sorted(first["uploaded"]) == sorted(wheelhouse.files)
+    assert probe_value(layout) == "42"
+    assert Path(layout.marker).read_text().strip() == wheelhouse.digest(python)
+
+    conn.commands.clear()
+    conn.uploads.clear()
+    again = probe_host(remote, layout)
+    assert again.marker == wheelhouse.digest(again)
+    second = ensure_env(remote, again, wheelhouse, layout)
+    assert (second["installed"], second["uploaded"]) == (False, [])
+    assert len(conn.commands) == 1 and "python3 -c" in conn.commands[0]   # the probe, nothing else
+    assert conn.uploads == []
+
+
+def test_a_new_wheel_set_replaces_the_venv_and_drops_old_wheels(tmp_path):
+    layout = Layout(root=str(tmp_path / "opt"))
+    remote = Remote(LocalConn())
+    ensure_env(remote, probe_host(remote, layout), tiny_wheelhouse(tmp_path / "a", "1.0", 1), layout)
+    newer = tiny_wheelhouse(tmp_path / "b", "2.0", 2)
+    conn = LocalConn()
+    remote = Remote(conn)
+    done = ensure_env(remote, probe_host(remote, layout), newer, layout)
+    # pip's wheel is on the host already: only the new wheel travels
+    assert done["installed"] and done["uploaded"] == ["gpuprov_probe-2.0-py3-none-any.whl"]
+    assert sorted(os.listdir(layout.wheelhouse)) == sorted(newer.files)
+    assert probe_value(layout) == "2"
+
+
+def test_a_wheel_that_arrives_damaged_is_removed_and_named(tmp_path):
+    layout = Layout(root=str(tmp_path / "opt"))
+    wheelhouse = tiny_wheelhouse(tmp_path / "set")
+    name = "gpuprov_probe-1.0-py3-none-any.whl"
+    damaged = Wheelhouse(wheelhouse.folder, {**wheelhouse.files, name: "0" * 64}, wheelhouse.requirements)
+    remote = Remote(LocalConn())
+    with pytest.raises(GpuprovError, match=f"wheels differ from the controller's after upload: {name}"):
+        ensure_env(remote, probe_host(remote, layout), damaged, layout)
+    assert name not in os.listdir(layout.wheelhouse)
+    assert not os.path.exists(layout.marker)
+
+
+def test_a_host_without_python3():
+    class NoPython(LocalConn):
+        def run(self, command, *, sudo=False, timeout=None, stdin=None):
+            return Result(command, 127, "", "", 0.0)
+
+    with pytest.raises(GpuprovError, match="the host has no python3") as caught:
+        probe_host(Remote(NoPython()))
+    assert "--image" in caught.value.hint
+
+
+def test_request_of_the_resolvers_wheel():
+    python = HostPython("/usr/bin/python3", "3.11", "x86_64", "2.36")
+    request = request_for(python, "cu128", "2.7", None)
+    assert request.requirements() == ["torch==2.7.*", "numpy", "onnx", "onnxruntime-gpu"]
+    assert request.torch_index == "https://download.pytorch.org/whl/cu128"
+    lab = request_for(python, "cpu", "latest", "")
+    assert lab.requirements() == ["torch", "numpy", "onnx", "onnxruntime"] and lab.torch_index is None
+    assert request_for(python, None, "2.7.1", None).torch_requirement() == "torch==2.7.1"
+    assert request.key() != lab.key()
+
+
+def test_pip_download_commands(tmp_path):
+    python = HostPython("/usr/bin/python3", "3.11", "aarch64", "2.36")
+    torch, rest = pip_download_commands(request_for(python, "cu128", "2.7", None), tmp_path)
+    platforms = [torch[i + 1] for i, part in enumerate(torch) if part == "--platform"]
+    # glibc 2.36 accepts manylinux_2_36 down to manylinux_2_17 (= manylinux2014): 20 + the legacy alias
+    assert platforms[0] == "manylinux_2_36_aarch64" and platforms[-2:] == ["manylinux_2_17_aarch64",
+                                                                         "manylinux2014_aarch64"]
+    assert len(platforms) == 21
+    assert torch[:4] == [sys.executable, "-m", "pip", "download"]
+    assert torch[-3:] == ["--index-url", "https://download.pytorch.org/whl/cu128", "torch==2.7.*"]
+    assert {"--only-binary=:all:", "--python-version", "3.11", "--abi", "cp311"} <= set(torch)
+    assert rest[-4:] == ["numpy", "onnx", "onnxruntime-gpu", "pip"] and "--index-url" not in rest
+
+
+def test_wheelhouse_is_downloaded_once_and_reused(tmp_path):
+    calls = []
+
+    def fake_pip(command, **kwargs):
+        calls.append(command)
+        dest = Path(command[command.index("--dest") + 1])
+        for requirement in command[command.index("--disable-pip-version-check") + 1:]:
+            if not requirement.startswith("-") and "://" not in requirement and "manylinux" not in requirement:
+                name = requirement.split("=")[0].replace("-", "_")
+                (dest / f"{name}-1.0-py3-none-any.whl").write_bytes(name.encode())
+        return SimpleNamespace(returncode=0, stdout="", stderr="")
+
+    python = HostPython("/usr/bin/python3", "3.11", "x86_64", "2.36")
+    request = request_for(python, "cpu", None, "")
+    first = wheelhouse_for(request, tmp_path, run=fake_pip)
+    assert len(calls) == 2
+    assert sorted(first.files) == ["numpy-1.0-py3-none-any.whl", "onnx-1.0-py3-none-any.whl",
+                                   "onnxruntime-1.0-py3-none-any.whl", "pip-1.0-py3-none-any.whl",
+                                   "torch-1.0-py3-none-any.whl"]
+    assert first.files["numpy-1.0-py3-none-any.whl"] == hashlib.sha256(b"numpy").hexdigest()
+    assert (first.folder / MANIFEST).is_file() and first.folder.name == request.key()
+    second = wheelhouse_for(request, tmp_path, run=fake_pip)
+    assert len(calls) == 2 and second.files == first.files
+    assert [p.name for p in tmp_path.iterdir()] == [request.key()]   # no temporary folder left
+
+
+def test_a_failed_download_names_the_command_and_keeps_nothing(tmp_path):
+    def failing(command, **kwargs):
+        return SimpleNamespace(returncode=1, stdout="", stderr="ERROR: No matching distribution found for torch")
+
+    python = HostPython("/usr/bin/python3", "3.11", "x86_64", "2.36")
+    with pytest.raises(GpuprovError, match="pip download failed") as caught:
+        wheelhouse_for(request_for(python, "cu128", "2.7", None), tmp_path, run=failing)
+    assert "No matching distribution" in caught.value.output and "pip download" in caught.value.command
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_incomplete_wheelhouse_is_not_used(tmp_path):
+    folder = tmp_path / "set"
+    wheelhouse = tiny_wheelhouse(folder)
+    (folder / MANIFEST).write_text('{"files": ' + str(wheelhouse.files).replace("'", '"') + ', "requirements": []}')
+    assert load_wheelhouse(folder) is not None
+    os.remove(folder / "gpuprov_probe-1.0-py3-none-any.whl")
+    assert load_wheelhouse(folder) is None

@@ -1,0 +1,217 @@
+"""validate's reports: JUnit XML read back with xml.etree by the JUnit schema's element names, the Prometheus
+textfile read back with prometheus_client's own parser, the JSON report, the exit code, and the textfile placed
+on the host through a temporary file in the textfile folder."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import xml.etree.ElementTree as ET
+
+import pytest
+from invoke import Config, Context
+from invoke.exceptions import Exit
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuprov.connection import Result
+from gpuprov.executor import Outcome
+from gpuprov.report import junit_report, prometheus_textfile
+from gpuprov.validation.host import TEXTFILE, HostValidation, exit_code, publish_textfile
+from gpuprov.validation.suite import parse_document
+
+# A suite document as the runner prints it (the schema of docs: schema 1, versions, results with figures).
+DOCUMENT = {
+    "schema": 1, "host": "gpu01", "level": "quick", "started": "2026-09-01T10:00:00Z", "seconds": 41.2,
+    "versions": {"python": "3.11.2", "torch": "2.7.1+cu128", "cuda": "12.8", "cudnn": "90100", "nccl": "2.26.2",
+                 "onnxruntime": "1.22.0", "driver": "570.148.08"},
+    "results": [
+        {"check": "host.ecc", "status": "fail", "reason": "GPU 3: 2 uncorrectable (volatile) ECC errors",
+         "figures": {"volatile_dbe": {"3": 2}}, "thresholds": {"volatile_dbe": 0}, "seconds": 0.4},
+        {"check": "host.fabric", "status": "skip", "reason": "no NVSwitch expected", "figures": {},
+         "thresholds": {}, "seconds": 0.0},
+        {"check": "sizing", "status": "warn", "reason": "6 CPU cores per GPU, 8-16 recommended for training",
+         "figures": {"cores_per_gpu": 6}, "thresholds": {"cores_per_gpu": 8}, "seconds": 0.1},
+        {"check": "perf.matmul", "status": "pass", "reason": "bf16 712.0 TFLOP/s, 72% ... of 989",
+         "figures": {"bf16_tflops": 700.5, "fp16_tflops": 705.0, "tf32_tflops": 360.0,
+                     "per_gpu": {"0": {"bf16_tflops": 712.0, "fp16_tflops": 715.0, "tf32_tflops": 365.0},
+                                 "1": {"bf16_tflops": 700.5, "fp16_tflops": 705.0, "tf32_tflops": 360.0}}},
+         "thresholds": {"bf16_tflops": 791.2}, "seconds": 6.0},
+        {"check": "perf.copy", "status": "pass", "reason": "ok",
+         "figures": {"d2d_gbs": 2600.0, "h2d_gbs": 55.4, "d2h_gbs": 55.0,
+                     "per_gpu": [{"d2d_gbs": 2600.0, "h2d_gbs": 55.4, "d2h_gbs": 55.0},
+                                 {"d2d_gbs": 2610.0, "h2d_gbs": 55.6, "d2h_gbs": 55.1}]},
+         "thresholds": {}, "seconds": 3.0},
+        {"check": "perf.allreduce", "status": "pass", "reason": "ok", "figures": {"busbw_gbs": 451.3},
+         "thresholds": {}, "seconds": 5.0},
+    ],
+}
+
+
+def host_entry(document: dict = DOCUMENT, name: str = "gpu01") -> dict:
+    doc = parse_document(name, json.dumps(document))
+    run = HostValidation(name, address="10.0.0.11", gpu="H100-SXM", started=1788256800.0, seconds=44.0,
+                         versions=doc["versions"], results=doc["results"], config={"gpus_visible": True})
+    return run.to_dict()
+
+
+def test_junit_reads_back_by_the_schema_element_names():
+    failed = {"host": "gpu02", "address": "10.0.0.12", "results": [], "started": 1788256800.0, "seconds": 10.0,
+              "error": {"error": "cannot reach 10.0.0.12:22 after 3 attempts", "step": "connect",
+                        "hint": "check that the host is up"}}
+    root = ET.fromstring(junit_report([host_entry(), failed]))
+    assert root.tag == "testsuites"
+    suites = {s.get("name"): s for s in root.findall("testsuite")}
+    assert set(suites) == {"gpu01", "gpu02"}
+    ok = suites["gpu01"]
+    assert (ok.get("tests"), ok.get("failures"), ok.get("skipped"), ok.get("errors")) == ("6", "1", "2", "0")
+    assert ok.get("hostname") == "10.0.0.11" and ok.get("timestamp") == "2026-09-01T10:00:00"
+    cases = {c.get("name"): c for c in ok.findall("testcase")}
+    assert cases["host.ecc"].find("failure").get("message") == "GPU 3: 2 uncorrectable (volatile) ECC errors"
+    assert cases["host.ecc"].get("classname") == "gpuprov.validate.gpu01"
+    assert cases["host.fabric"].find("skipped").get("message") == "no NVSwitch expected"
+    assert cases["sizing"].find("skipped").get("message").startswith("warn: 6 CPU cores per GPU")
+    assert cases["perf.matmul"].find("failure") is None and cases["perf.matmul"].find("skipped") is None
+    assert json.loads(cases["perf.matmul"].find("system-out").text)["figures"]["bf16_tflops"] == 700.5
+    assert float(cases["perf.matmul"].get("time")) == 6.0
+    properties = {p.get("name"): p.get("value") for p in ok.find("properties").findall("property")}
+    assert properties == {"gpu": "H100-SXM", "level": "quick", "status": "fail"}
+    error = suites["gpu02"].find("testcase").find("error")
+    assert error.get("message") == "cannot reach 10.0.0.12:22 after 3 attempts" and error.get("type") == "connect"
+
+
+def test_textfile_reads_back_with_prometheus_clients_parser():
+    text = prometheus_textfile(host_entry(), 1788256845.0)
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    assert samples[("gpuprov_check_ok", (("check", "host.ecc"), ("host", "gpu01")))] == 0
+    assert samples[("gpuprov_check_ok", (("check", "perf.matmul"), ("host", "gpu01")))] == 1
+    # a skip and a warn are no pass
+    assert samples[("gpuprov_check_ok", (("check", "host.fabric"), ("host", "gpu01")))] == 0
+    assert samples[("gpuprov_check_ok", (("check", "sizing"), ("host", "gpu01")))] == 0
+    assert samples[("gpuprov_matmul_tflops", (("dtype", "bf16"), ("gpu", "0"), ("host", "gpu01")))] == 712.0
+    assert samples[("gpuprov_matmul_tflops", (("dtype", "tf32"), ("gpu", "1"), ("host", "gpu01")))] == 360.0
+    assert samples[("gpuprov_copy_gbps", (("direction", "h2d"), ("gpu", "1"), ("host", "gpu01")))] == 55.6
+    assert samples[("gpuprov_copy_gbps", (("direction", "d2d"), ("gpu", "0"), ("host", "gpu01")))] == 2600.0
+    assert samples[("gpuprov_allreduce_busbw_gbps", (("host", "gpu01"),))] == 451.3
+    assert samples[("gpuprov_validate_timestamp_seconds", (("host", "gpu01"),))] == 1788256845.0
+    assert len([k for k in samples if k[0] == "gpuprov_matmul_tflops"]) == 6
+
+
+def test_textfile_without_per_gpu_figures_labels_them_all():
+    document = json.loads(json.dumps(DOCUMENT))
+    del document["results"][3]["figures"]["per_gpu"]
+    text = prometheus_textfile(host_entry(document), 1.0)
+    found = {(s.labels["gpu"], s.labels["dtype"]): s.value for f in text_string_to_metric_families(text)
+             for s in f.samples if s.name == "gpuprov_matmul_tflops"}
+    assert found == {("all", "bf16"): 700.5, ("all", "fp16"): 705.0, ("all", "tf32"): 360.0}
+
+
+def test_exit_code():
+    failing = host_entry()
+    assert failing["status"] == "fail" and failing["counts"] == {"pass": 3, "fail": 1, "warn": 1, "skip": 1}
+    assert exit_code([failing]) == 1
+    passing = json.loads(json.dumps(DOCUMENT))
+    passing["results"] = [r for r in passing["results"] if r["status"] != "fail"]
+    entry = host_entry(passing)
+    assert entry["status"] == "warn" and exit_code([entry]) == 0
+    assert exit_code([{"host": "x", "results": [], "error": {"error": "bad", "input_error": True}}]) == 2
+    assert exit_code([{"host": "x", "results": [], "error": {"error": "down", "input_error": False}}]) == 1
+
+
+@pytest.mark.parametrize("document", [
+    "not json", json.dumps({"schema": 2, "results": []}), json.dumps({"schema": 1}),
+    json.dumps({"schema": 1, "results": [{"check": "host.ecc", "status": "ok", "reason": "x"}]}),
+])
+def test_a_run_without_a_valid_document_is_an_error(document):
+    from gpuprov.errors import GpuprovError
+
+    with pytest.raises(GpuprovError, match="the suite printed no valid result document"):
+        parse_document("gpu01", document, "Traceback ...", 1, "python -m smoke")
+
+
+class RecordingConn:
+    """A connection that records commands (and their stdin) and answers them with exit 0."""
+
+    def __init__(self, name: str = "gpu01", user: str = "root"):
+        self.host = type("H", (), {"name": name, "user": user, "address": "10.0.0.11"})()
+        self.commands: list[tuple[str, bool, str | None]] = []
+
+    def run(self, command, *, sudo=False, timeout=None, stdin=None):
+        self.commands.append((command, sudo, stdin))
+        return Result(command, 0, "", "", 0.0)
+
+
+def test_textfile_is_renamed_over_the_old_one_in_its_folder():
+    conn = RecordingConn()
+    text = prometheus_textfile(host_entry(), 1788256845.0)
+    path = publish_textfile(conn, text, "/var/lib/prometheus/node-exporter")
+    assert path == f"/var/lib/prometheus/node-exporter/{TEXTFILE}"
+    (command, sudo, stdin), = conn.commands
+    assert sudo and stdin == text
+    # the temporary file is made inside the textfile folder (same file system: the rename is atomic) and its
+    # name does not end in .prom, so node_exporter never reads it
+    assert "mktemp /var/lib/prometheus/node-exporter/.gpuprov_validate.prom.XXXXXX" in command
+    assert 'mv -f "$t" /var/lib/prometheus/node-exporter/gpuprov_validate.prom' in command
+
+
+INVENTORY = textwrap.dedent("""\
+    hosts:
+      gpu01: {address: 192.0.2.11, vars: {hardware: {gpu: H100-SXM, count: 8}}}
+      gpu02: {address: 192.0.2.12, vars: {hardware: {gpu: H100-SXM, count: 8}}}
+    """)
+
+
+def run_task(tmp_path, monkeypatch, documents: dict, **options):
+    """invoke validate with the hosts' validation replaced by suite documents (no SSH)."""
+    from gpuprov.tasks.validate import validate
+    from gpuprov.validation import host as validation
+
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(INVENTORY)
+
+    def fake_run_on_hosts(hosts, work, settings, *, jump_of=None, on_event=None):
+        return [Outcome(h, value=work(RecordingConn(h.name))) for h in hosts]
+
+    def fake_validate_host(conn, host, opts, say=None):
+        doc = parse_document(host.name, json.dumps(documents[host.name]))
+        return HostValidation(host.name, address=host.address, gpu="H100-SXM", versions=doc["versions"],
+                              results=doc["results"], config={"gpus_visible": True}, textfile_dir="/srv/prom")
+
+    monkeypatch.setattr("gpuprov.executor.run_on_hosts", fake_run_on_hosts)
+    monkeypatch.setattr(validation, "validate_host", fake_validate_host)
+    c = Context(Config(overrides={"gpuprov": {
+        "inventory": str(inventory), "reports": str(tmp_path / "reports"), "locks": str(tmp_path / "locks"),
+        "known_hosts": str(tmp_path / "known_hosts")}}))
+    validate(c, all=True, **options)
+
+
+def test_a_failed_check_exits_1_and_every_report_is_written(tmp_path, monkeypatch, capsys):
+    with pytest.raises(Exit) as caught:
+        run_task(tmp_path, monkeypatch, {"gpu01": DOCUMENT, "gpu02": DOCUMENT}, textfile=False)
+    assert caught.value.code == 1
+    reports = tmp_path / "reports"
+    report = json.loads((reports / "validate-latest.json").read_text())
+    assert [h["status"] for h in report["hosts"]] == ["fail", "fail"]
+    ecc = next(r for r in report["hosts"][0]["results"] if r["check"] == "host.ecc")
+    assert ecc["reason"] == "GPU 3: 2 uncorrectable (volatile) ECC errors"
+    # two identical hosts: every fleet figure at the median, so the fleet checks pass
+    fleet = [r for r in report["hosts"][0]["results"] if r["check"].startswith("fleet.")]
+    assert {r["check"]: r["status"] for r in fleet} == {"fleet.perf.matmul": "pass", "fleet.perf.copy": "pass",
+                                                        "fleet.perf.allreduce": "pass"}
+    root = ET.parse(reports / "validate-latest.xml").getroot()
+    assert sorted(s.get("name") for s in root.findall("testsuite")) == ["gpu01", "gpu02"]
+    assert (reports / "textfile" / "gpu01.prom").read_text().count("gpuprov_check_ok{") == 9
+    out = capsys.readouterr().out
+    assert "validate: fleet summary" in out and "host.ecc: GPU 3: 2 uncorrectable" in out
+
+
+def test_all_passing_exits_0_and_places_textfiles(tmp_path, monkeypatch, capsys):
+    passing = json.loads(json.dumps(DOCUMENT))
+    passing["results"] = [r for r in passing["results"] if r["status"] == "pass"]
+    run_task(tmp_path, monkeypatch, {"gpu01": passing, "gpu02": passing}, json_=True)
+    printed = json.loads(capsys.readouterr().out)
+    assert [h["status"] for h in printed["hosts"]] == ["pass", "pass"]
+    assert [h["textfile"] for h in printed["hosts"]] == [{"path": "/srv/prom/gpuprov_validate.prom"}] * 2
+    assert printed["junit"].endswith(".xml") and printed["report"].endswith(".json")

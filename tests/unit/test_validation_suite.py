@@ -1,0 +1,150 @@
+"""Copying the suite to a host, its config, the command that runs it (venv or container) and one whole host
+validation run here: facts (given), the resolved stack, the venv from a small wheelhouse, a stand-in suite that
+prints a document, the parsed results."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+from test_validation_env import LocalConn, tiny_wheelhouse
+
+from gpuprov.inventory import load_inventory
+from gpuprov.validation import Layout
+from gpuprov.validation.remote import Remote
+from gpuprov.validation.suite import files_digest, push_suite, run_suite, suite_command, write_config
+
+# a stand-in for gpuprov/smoke: prints the document shape with one result built from its config
+STAND_IN = {
+    "__init__.py": b"",
+    "__main__.py": textwrap.dedent("""\
+        import argparse, json
+        from .checks.one import result
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--config"); parser.add_argument("--level"); parser.add_argument("--strict",
+                            action="store_true"); parser.add_argument("--only")
+        args = parser.parse_args()
+        config = json.load(open(args.config))
+        print(json.dumps({"schema": 1, "host": config["host"], "level": args.level, "started": "x",
+                          "seconds": 0.1, "versions": {"torch": None, "cuda": None},
+                          "results": [result(config, args)]}))
+        """).encode(),
+    "checks/__init__.py": b"",
+    "checks/one.py": textwrap.dedent("""\
+        def result(config, args):
+            import gpuprov_probe
+            return {"check": "host.gpus", "status": "fail" if args.strict else "pass",
+                    "reason": "expected %s x %s, probe %d" % (config["expect"]["count"], config["expect"]["gpu"],
+                                                                 gpuprov_probe.VALUE),
+                    "figures": {"only": args.only}, "thresholds": {}, "seconds": 0.0}
+        """).encode(),
+}
+
+
+def test_suite_is_copied_once_and_swapped_in(tmp_path):
+    layout = Layout(root=str(tmp_path / "opt"))
+    conn = LocalConn()
+    remote = Remote(conn)
+    assert push_suite(remote, None, layout, STAND_IN) is True
+    copied = {str(p.relative_to(layout.smoke)) for p in Path(layout.smoke).rglob("*") if p.is_file()}
+    assert copied == {*STAND_IN, ".gpuprov-digest"}
+    assert Path(layout.smoke_marker).read_text().strip() == files_digest(STAND_IN)
+    assert os.listdir(layout.incoming) == []          # the staged copy was moved, not left behind
+    conn.commands.clear()
+    assert push_suite(remote, files_digest(STAND_IN), layout, STAND_IN) is False
+    assert conn.commands == []
+    changed = {**STAND_IN, "checks/two.py": b"X = 1\n"}
+    assert push_suite(remote, files_digest(STAND_IN), layout, changed) is True
+    assert (Path(layout.smoke) / "checks" / "two.py").read_bytes() == b"X = 1\n"
+    assert not os.path.exists(f"{layout.smoke}.old")
+
+
+def test_suite_commands():
+    layout = Layout()
+    assert suite_command(level="quick", strict=False) == (
+        "cd /opt/gpuprov && PYTHONDONTWRITEBYTECODE=1 /opt/gpuprov/venv/bin/python -m smoke "
+        "--config /opt/gpuprov/run/config.json --level quick")
+    assert suite_command(level="burn-in", strict=True, only=["host.ecc", "perf.matmul"], layout=layout).endswith(
+        "--level burn-in --strict --only host.ecc,perf.matmul")
+    assert suite_command(level="quick", strict=False, image="nvcr.io/nvidia/pytorch:25.04-py3") == (
+        "docker run --rm --gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864 "
+        "-v /opt/gpuprov/smoke:/opt/gpuprov/smoke:ro -v /opt/gpuprov/run:/opt/gpuprov/run:ro -w /opt/gpuprov "
+        "-e PYTHONDONTWRITEBYTECODE=1 nvcr.io/nvidia/pytorch:25.04-py3 python3 -m smoke "
+        "--config /opt/gpuprov/run/config.json --level quick")
+
+
+def test_config_and_run(tmp_path):
+    layout = Layout(root=str(tmp_path / "opt"))
+    remote = Remote(LocalConn())
+    push_suite(remote, None, layout, STAND_IN)
+    write_config(remote, {"host": "lab01", "expect": {"count": 8, "gpu": "H100-SXM"}}, layout)
+    assert json.loads(Path(layout.config).read_text())["host"] == "lab01"
+    assert [p for p in os.listdir(layout.run) if p.startswith(".")] == []    # no temporary file left
+    Path(layout.venv, "bin").mkdir(parents=True)
+    os.symlink(sys.executable, layout.python)
+    (Path(layout.root) / "gpuprov_probe.py").write_text("VALUE = 7\n")     # found from the suite's folder
+    document = run_suite(remote, suite_command(level="quick", strict=True, only=["host.gpus"], layout=layout),
+                         "quick")
+    assert document["results"] == [{"check": "host.gpus", "status": "fail", "reason": "expected 8 x H100-SXM, probe 7",
+                                    "figures": {"only": "host.gpus"}, "thresholds": {}, "seconds": 0.0}]
+
+
+INVENTORY = textwrap.dedent("""\
+    defaults: {user: root}
+    groups:
+      lab:
+        vars: {validate: {torch_wheel: cpu, torch_version: latest, torch_index: ""}}
+    hosts:
+      lab01:
+        address: 127.0.0.1
+        port: 42201
+        groups: [lab]
+        vars:
+          hardware: {gpu: H100-SXM, count: 8, nvswitch: true}
+          cluster_address: 127.0.0.1
+    """)
+
+
+def test_one_host_end_to_end(tmp_path, monkeypatch):
+    """validate_host on a 'host' that is this machine: the lab's CPU wheel settings, a wheelhouse, the venv,
+    the suite, its config and its results."""
+    from gpuprov.validation import env, host, suite
+
+    inventory = tmp_path / "lab.yaml"
+    inventory.write_text(INVENTORY)
+    lab01 = load_inventory(inventory).host("lab01")
+    facts = {"os": {"key": "debian-12", "family": "debian"}, "arch": "x86_64",
+             "pci_gpus": [{"device_id": "2330", "model": "H100-SXM"}] * 8, "nvswitch_count": 4,
+             "nvidia_smi": {"driver_version": "570.148.08", "gpus": [{"index": i} for i in range(8)]},
+             "docker": None}
+    requests = []
+    wheelhouse = tiny_wheelhouse(tmp_path / "controller")
+
+    def fake_wheelhouse_for(request, root, say=None, run=None):
+        requests.append((request, root))
+        return wheelhouse
+
+    monkeypatch.setattr("gpuprov.facts.gather.gather", lambda conn, managed: facts)
+    monkeypatch.setattr(env, "wheelhouse_for", fake_wheelhouse_for)
+    monkeypatch.setattr(suite, "smoke_files", lambda: STAND_IN)
+    layout = Layout(root=str(tmp_path / "opt"))
+    options = host.RunOptions(locks_dir=tmp_path / "locks", wheelhouse=tmp_path / "wh", layout=layout)
+    said = []
+    run = host.validate_host(LocalConn("lab01"), lab01, options, say=said.append)
+
+    (request, root), = requests
+    assert (request.wheel, request.torch_version, request.torch_index, root) == ("cpu", None, None, tmp_path / "wh")
+    assert run.results == [{"check": "host.gpus", "status": "pass", "reason": "expected 8 x H100-SXM, probe 42",
+                            "figures": {"only": None}, "thresholds": {}, "seconds": 0.0}]
+    assert run.env["installed"] is True and run.suite_copied is True and run.lock is None
+    assert run.config["expect"]["gpu"] == "H100-SXM" and run.config["gpus_visible"] is True
+    assert run.cluster_address == "127.0.0.1" and run.gpu == "H100-SXM"
+    assert said[0] == "facts" and "suite (quick)" in said
+    entry = run.to_dict()
+    assert entry["status"] == "pass" and entry["fleet"] == {"group": "H100-SXM (CPU, quick)", "figures": {}}
+
+    again = host.validate_host(LocalConn("lab01"), lab01, options)
+    assert again.env["installed"] is False and again.env["uploaded"] == [] and again.suite_copied is False
