@@ -15,8 +15,10 @@ from typing import Any
 
 import yaml
 
-from gpuprov.errors import InputError
-from gpuprov.inventory import _Reader, _show, _type
+from gpuprov.errors import InputError, literal
+from gpuprov.inventory.diagnostics import show as _show
+from gpuprov.inventory.diagnostics import type_name as _type
+from gpuprov.inventory.located import Located as _Reader
 
 LOCK_VERSION = 1
 HEADER = """\
@@ -33,9 +35,9 @@ class LockError(InputError):
     """A lock file that cannot be used; `.errors` holds every problem as `FILE:LINE:COL: key: message`."""
 
     def __init__(self, path: str | Path, errors: list[str]):
-        self.errors = list(errors)
+        self.errors = [literal(error) for error in errors]  # a key or path with a line break stays on its line
         message = self.errors[0] if len(self.errors) == 1 else (
-            f"{path}: {len(self.errors)} errors:\n  " + "\n  ".join(self.errors))
+            f"{literal(str(path))}: {len(self.errors)} errors:\n  " + "\n  ".join(self.errors))
         super().__init__(message, hint=_HINT)
 
 
@@ -127,9 +129,10 @@ def _compose(path: Path, data: bytes) -> yaml.Node | None:
         raise fail(mark.line + 1 if mark else 1, mark.column + 1 if mark else 1,
                    f"YAML syntax error: {problem}") from None
     except yaml.reader.ReaderError as exc:
+        character = chr(exc.character) if isinstance(exc.character, int) else exc.character  # PyYAML gives ord()
         line = text[:exc.position].count("\n") + 1
         raise fail(line, exc.position - text.rfind("\n", 0, exc.position),
-                   f"character {exc.character!r} is not allowed in YAML") from None
+                   f"character {character!r} is not allowed in YAML") from None
     except yaml.YAMLError as exc:
         raise fail(1, 1, f"YAML error: {exc}") from None
     except RecursionError:
