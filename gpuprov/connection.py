@@ -7,6 +7,7 @@ trust on first use was asked for explicitly (`--trust-new-hosts`); a changed or 
 
 from __future__ import annotations
 
+import logging
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -14,6 +15,10 @@ from pathlib import Path
 
 from gpuprov.errors import GpuprovError
 from gpuprov.known_hosts import KnownHosts
+
+# paramiko logs a failed handshake with its traceback; with no handler configured Python prints that on
+# stderr. gpuprov reports every connection error itself (ConnectError, HostKeyError), once and plainly.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 class HostKeyError(GpuprovError):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-_URL_CREDENTIALS = re.compile(r"(?<=://)[^/@\s\"']+@")
+# up to the last @ before the host, as URL parsers split it: a password may hold an unescaped @ ("p@ss")
+_URL_CREDENTIALS = re.compile(r"(?<=://)[^/\s\"']+@")
 # A secret value: up to whitespace, a quote or an escaped line break; other backslash escapes (JSON `\"`,
 # `\\`) count as one character, so masking JSON text keeps it valid.
 _SECRET = r"(?:\\[^nrt]|[^\s\"'\\])+"

@@ -99,13 +99,14 @@ def _bad_number(program: Program) -> tuple[str, str]:
     contexts = [program.initial_context, *(parser.contexts.values() if parser is not None else ())]
     flags = {name: arg for context in contexts for name, arg in context.flags.items() if arg.kind is int}
     tokens = program.argv[1:]
+    bad = []
     for index, token in enumerate(tokens):
         name, equals, value = token.partition("=")
         if name in flags:
             value = value if equals else (tokens[index + 1] if index + 1 < len(tokens) else "")
             if not re.fullmatch(r"[+-]?[0-9]+", value.strip()):
-                return name, value
-    return "an option", " ".join(tokens)  # not reached: Invoke casts only the flags found above
+                bad.append((name, value))
+    return bad[0]  # Invoke casts only the number flags found above: one of them is there
 
 
 def _guess(name: str, choices: Iterable[str]) -> str:

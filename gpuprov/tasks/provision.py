@@ -61,6 +61,7 @@ def provision(c, host=None, group=None, all=False, inventory=None, dry_run=False
     from gpuprov.executor import RunInterrupted, run_on_hosts
     from gpuprov.provision import REBOOT_POLICIES, Options, provision_host
     from gpuprov.report import check_folder, progress_printer, summary_table, write_json_report
+    from gpuprov.stack.lock import locks_for
 
     if reboot not in REBOOT_POLICIES:
         raise InputError(f"--reboot must be one of {', '.join(REBOOT_POLICIES)}, got {reboot!r}")
@@ -70,7 +71,7 @@ def provision(c, host=None, group=None, all=False, inventory=None, dry_run=False
     reports, locks = path_setting(c, "reports"), path_setting(c, "locks")
     new_reports = check_folder("gpuprov.reports", reports, write=True)
     check_folder("gpuprov.locks", locks, write=update_lock and locks.exists())
-    _check_locks(hosts, locks)
+    locks_for(hosts, locks)  # a corrupt lock is bad input: found before any host is contacted
     options = Options(dry_run=dry_run, reboot=reboot, only=components, skip_preflight=skip_preflight,
                       update_lock=update_lock, disrupt=disrupt, locks_dir=locks)
     printer = progress_printer(quiet=json_)
@@ -100,16 +101,6 @@ def provision(c, host=None, group=None, all=False, inventory=None, dry_run=False
     code = _exit_code(outcomes)
     if code:
         raise Exit(code=code)
-
-
-def _check_locks(hosts, locks_dir) -> None:
-    """Load every lock that governs a selected host, so that a corrupt one is bad input before any host is
-    contacted (LockError, exit 2)."""
-    from gpuprov.stack.lock import load_lock, lock_path_for
-
-    for path in dict.fromkeys(lock_path_for(host, locks_dir) for host in hosts):
-        if path is not None:
-            load_lock(path)
 
 
 def _failed_run(outcome) -> dict:

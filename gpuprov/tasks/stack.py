@@ -9,9 +9,17 @@ from invoke import task
 from invoke.exceptions import Exit
 
 from gpuprov.config import path_setting
-from gpuprov.errors import InputError
+from gpuprov.errors import InputError, literal
 from gpuprov.json_text import dump_json
-from gpuprov.tasks._common import exits_cleanly, gather_all, host_task, parallel_setting, select_hosts, split_names
+from gpuprov.tasks._common import (
+    exits_cleanly,
+    gather_all,
+    host_task,
+    parallel_setting,
+    select_hosts,
+    split_names,
+    whole_number,
+)
 
 _RESOLVE_HELP = {
     "gpu": "GPU model (required): catalog name, alias or nvidia-smi name (e.g. H100-SXM)",
@@ -40,7 +48,8 @@ def resolve(c, gpu=None, os=None, gpus=None, nvswitch=False, cuda=None, driver=N
     gpu = _required("gpu", gpu, f"a GPU model such as H100-SXM (catalog models: {', '.join(models())}; "
                                 "invoke stack.matrix --component gpus lists their aliases too)")
     os = _required("os", os, f"the OS of the hosts, one of {', '.join(OS_KEYS)}")
-    stack = do_resolve(gpu, os, gpus=_gpu_count(gpus), nvswitch=nvswitch, cuda=cuda, driver=driver,
+    count = 1 if gpus is None else whole_number("--gpus", gpus, 1)
+    stack = do_resolve(gpu, os, gpus=count, nvswitch=nvswitch, cuda=cuda, driver=driver,
                        pytorch=pytorch, ngc=ngc, nccl=nccl, forward_compat=forward_compat)
     if json_:
         print(dump_json(stack.to_dict(), indent=None))
@@ -53,16 +62,6 @@ def _required(option: str, value: str | None, accepted: str) -> str:
     if value is None or not str(value).strip():
         raise InputError(f"--{option} is required: give {accepted}")
     return value
-
-
-def _gpu_count(value: str | int | None) -> int:
-    """--gpus: a whole number >= 1 written with the digits 0-9 (default 1)."""
-    if value is None:
-        return 1
-    text = str(value).strip()
-    if not (text.isascii() and text.isdigit() and int(text) >= 1):
-        raise InputError(f"--gpus must be a whole number >= 1, not {value!r}")
-    return int(text)
 
 
 def _print_stack(data: dict) -> None:
@@ -186,10 +185,10 @@ def lock(c, host=None, group=None, all=False, inventory=None, os=None, parallel=
     for name, members in targets.items():
         stack = stacks[members[0]]
         path = write_lock(path_setting(c, "locks") / f"{name}.lock.yaml", stack, stack.inputs)
-        print(f"wrote {path} (driver {stack.driver['version']}, CUDA {stack.cuda['version']}, "
+        print(f"wrote {literal(str(path))} (driver {stack.driver['version']}, CUDA {stack.cuda['version']}, "
               f"NCCL {stack.nccl['version']})")
     if new_folder:
-        print(f"created the folder {path_setting(c, 'locks')} (gpuprov.locks)", file=sys.stderr)
+        print(f"created the folder {literal(str(path_setting(c, 'locks')))} (gpuprov.locks)", file=sys.stderr)
 
 
 def _lock_targets(inv, hosts, groups: list[str], names: list[str], all_: bool) -> dict[str, list[str]]:
@@ -212,17 +211,13 @@ def check(c, host=None, group=None, all=False, inventory=None, json_=False, para
     """Compare hosts with their stack (lock file, else resolved) and print each mismatch with its remedy."""
     from gpuprov.report import check_folder
     from gpuprov.stack.check import check_host
-    from gpuprov.stack.lock import load_lock, lock_path_for
+    from gpuprov.stack.lock import locks_for
     from gpuprov.stack.resolve import resolve_for_host
 
     parallel_setting(c, parallel)
     inv, hosts = select_hosts(c, host, group, all, inventory)
     check_folder("gpuprov.locks", path_setting(c, "locks"), write=False)
-    locks = {}
-    for h in hosts:  # a bad lock is bad input: found before any host is touched
-        lock_path = lock_path_for(h, path_setting(c, "locks"))
-        if lock_path is not None:
-            locks[h.name] = load_lock(lock_path)["stack"]
+    locks = locks_for(hosts, path_setting(c, "locks"))  # a bad lock is bad input: found before any host
     gathered = gather_all(c, inv, hosts, trust_new_hosts=trust_new_hosts, parallel=parallel, quiet=json_)
     report, failed = {}, False
     for h in hosts:

@@ -31,6 +31,15 @@ hosts:
 SECRETS = ("bob", "s3cret", "alice", "pw0rd", "carol", "hunter2")
 
 
+def test_check_masks_a_password_with_an_at_sign_whole(tmp_path, capsys):
+    path = write(tmp_path, GOOD.replace("pw0rd@proxy:3128/", "p@ss@proxy:99999/"))
+    assert check_fails(path, capsys) == [
+        f"{path}:5:74: hosts.gpu01.vars.mirror.proxy: bad URL 'http://***@proxy:99999/': give an http:// or "
+        "https:// URL with a host name",
+        f"1 error in {path}",
+    ]
+
+
 def test_check_masks_credentials_in_errors(tmp_path, capsys):
     path = write(tmp_path, BAD)
     assert check_fails(path, capsys) == [

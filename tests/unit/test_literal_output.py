@@ -30,7 +30,8 @@ def test_errors_escape_control_characters_in_host_step_and_message():
 def test_a_line_break_in_a_name_cannot_forge_a_located_error():
     forged = "gpu01\n/etc/inventory.yaml:1:1: hosts: forged"
     text = str(InputError("no facts", host=forged, step=forged))
-    assert text.splitlines() == [f"[{literal(forged)}] {literal(forged)}: no facts"]
+    assert text.splitlines() == ["[gpu01\\n/etc/inventory.yaml:1:1: hosts: forged] "
+                                 "gpu01\\n/etc/inventory.yaml:1:1: hosts: forged: no facts"]
 
 
 def test_literal_escapes_every_line_breaking_character():

@@ -179,6 +179,14 @@ def test_a_file_that_is_not_yaml_names_the_place(tmp_path, content, place, messa
     assert message in text
 
 
+def test_a_syntax_error_names_where_its_construct_began(tmp_path):
+    content = ("lock_version: 1\ninputs: {}\nstack:\n  os: ubuntu-22.04\n  gpu: H100-SXM\n  a: 1\n"
+               "  driver: [570, 1\n  cuda: x\n")
+    path, text = load_error(tmp_path, content)
+    assert text == (f"{path}:8:7: (file): YAML syntax error: did not find expected ',' or ']' (while parsing a flow "
+                    "sequence that began at line 7, column 11)")
+
+
 def test_every_problem_is_listed_in_file_order(tmp_path):
     content = edit("  os: ubuntu-22.04", "  os: 7").replace("      version: 12.8.1-1", "      version: 12.8")
     path, text = load_error(tmp_path, content)
@@ -221,8 +229,8 @@ TASK_CASES = [
     (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "1:1: (file): not UTF-8 text"),
     (b"lock_version: 1\x00\n", "1:16: (file): character '\\x00' is not allowed in YAML"),
     # bad YAML
-    ("lock_version: 1\nstack: [unclosed\n", "3:1: (file): YAML syntax error: while parsing a flow sequence "
-                                            "expected ',' or ']', but got '<stream end>'"),
+    ("lock_version: 1\nstack: [unclosed\n", "3:1: (file): YAML syntax error: did not find expected ',' or ']' "
+                                            "(while parsing a flow sequence that began at line 2, column 8)"),
     # wrong types
     (edit("      version: 570.148.08-1ubuntu1", "      version: 570.5"),
      "17:16: stack.driver.packages[0].version: must be a string (quote it), not 570.5"),

@@ -166,6 +166,15 @@ def test_an_unreadable_locks_folder_is_exit_2(tmp_path, capsys, contacted, monke
     assert contacted == []
 
 
+def test_stack_lock_prints_a_locks_folder_with_a_line_break_on_one_line(tmp_path, capsys):
+    locks = tmp_path / "new\nforged:1:1: x" / "locks"
+    stack_tasks.lock(config(tmp_path, locks=locks), group=["hgx"], os="ubuntu-22.04")
+    captured = capsys.readouterr()
+    assert captured.err == f"created the folder {tmp_path}/new\\nforged:1:1: x/locks (gpuprov.locks)\n"
+    assert captured.out.startswith(f"wrote {tmp_path}/new\\nforged:1:1: x/locks/hgx.lock.yaml (driver ")
+    assert len(captured.out.splitlines()) == 1
+
+
 def test_stack_lock_creates_a_missing_locks_folder_and_says_so(tmp_path, capsys):
     locks = tmp_path / "new" / "locks"
     stack_tasks.lock(config(tmp_path, locks=locks), group=["hgx"], os="ubuntu-22.04")
