@@ -54,20 +54,30 @@ def _index() -> dict[str, GpuModel]:
     return index
 
 
-def accepted_names() -> list[str]:
-    """Catalog keys and aliases, as accepted on the command line and in inventories."""
-    return [name for m in models().values() for name in (m.key, *m.aliases)]
+def find(name: str) -> GpuModel | None:
+    """A model by catalog key, alias or nvidia-smi name (case-insensitive, surrounding spaces ignored), or None."""
+    return _index().get(name.strip().casefold())
+
+
+def close_names(name: str, limit: int = 3) -> list[str]:
+    """Catalog keys, aliases and nvidia-smi names spelled most like `name`, as the catalog spells them."""
+    spellings: dict[str, str] = {}
+    for model in models().values():
+        for spelling in (model.key, *model.aliases, *model.names):
+            spellings.setdefault(spelling.casefold(), spelling)
+    close = difflib.get_close_matches(name.strip().casefold(), list(spellings), n=limit, cutoff=0.6)
+    return [spellings[c] for c in close]
 
 
 def lookup(name: str) -> GpuModel:
-    """A model by catalog key, alias or nvidia-smi name (case-insensitive); InputError with suggestions."""
-    model = _index().get(str(name).strip().casefold())
-    if model is not None:
-        return model
-    close = difflib.get_close_matches(str(name).casefold(), list(_index()), n=3, cutoff=0.5)
-    hint = f" Did you mean: {', '.join(close)}?" if close else ""
-    raise InputError(f"unknown GPU model {name!r}.{hint} Accepted: {', '.join(accepted_names())}",
-                     hint="use a catalog name (invoke stack.matrix --component gpus lists them)")
+    """A model by catalog key, alias or nvidia-smi name; InputError (the rule and did-you-mean of
+    gpuprov.stack.inputs.gpu_model) otherwise."""
+    from gpuprov.stack.inputs import PinError, gpu_model
+
+    try:
+        return models()[gpu_model(name)]
+    except PinError as exc:
+        raise InputError(str(exc)) from None
 
 
 def by_pci_id(device_id: str) -> GpuModel | None:

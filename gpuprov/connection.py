@@ -1,21 +1,24 @@
 """SSH connections to inventory hosts over Fabric and paramiko, with verified host keys.
 
-One `HostConnection` per host per run. Host keys are checked against a known_hosts file: an unknown
-key is refused with the command that trusts it, unless trust on first use was asked for explicitly
-(`--trust-new-hosts`), and a changed key is always refused.
+One `HostConnection` per host per run. Host keys are checked against the run's known_hosts file (read
+once, strictly, by gpuprov.known_hosts): an unknown key is refused with the command that trusts it, unless
+trust on first use was asked for explicitly (`--trust-new-hosts`); a changed or revoked key is always refused.
 """
 
 from __future__ import annotations
 
+import logging
 import shlex
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuprov.errors import GpuprovError
+from gpuprov.known_hosts import KnownHosts
 
-_KNOWN_HOSTS_LOCK = threading.Lock()
+# paramiko logs a failed handshake with its traceback; with no handler configured Python prints that on
+# stderr. gpuprov reports every connection error itself (ConnectError, HostKeyError), once and plainly.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 class HostKeyError(GpuprovError):
@@ -63,25 +66,35 @@ def known_hosts_name(address: str, port: int) -> str:
     return address if port == 22 else f"[{address}]:{port}"
 
 
-def _host_key_policy(known_hosts: Path, trust_new: bool, host_name: str):
+def _close(*connections) -> None:
+    for conn in connections:
+        if conn is not None:
+            conn.close()
+
+
+def _host_key_policy(known_hosts: KnownHosts, trust_new: bool, host_name: str):
     import paramiko
 
     class VerifyPolicy(paramiko.MissingHostKeyPolicy):
-        """Refuse unknown keys, or record them when trust on first use was asked for."""
+        """Refuse unknown and revoked keys; record an unknown one when trust on first use was asked for."""
 
         def missing_host_key(self, client, hostname, key):
             fingerprint = key.fingerprint
+            revoked = known_hosts.revoked(hostname, key)
+            if revoked is not None:
+                raise HostKeyError(
+                    f"the host key {key.get_name()} {fingerprint} of {hostname} is revoked "
+                    f"(@revoked at {known_hosts.path}:{revoked.line})", host=host_name, step="connect",
+                    hint="the host must present another key: find out why its key was revoked",
+                )
             if not trust_new:
                 raise HostKeyError(
                     f"unknown host key {key.get_name()} {fingerprint} for {hostname}",
                     host=host_name, step="connect",
                     hint=f"check the fingerprint out of band, then rerun with --trust-new-hosts "
-                         f"to record it in {known_hosts}",
+                         f"to record it in {known_hosts.path}",
                 )
-            with _KNOWN_HOSTS_LOCK:
-                known_hosts.parent.mkdir(parents=True, exist_ok=True)
-                with known_hosts.open("a") as handle:
-                    handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+            known_hosts.record(hostname, key)
             client.get_host_keys().add(hostname, key.get_name(), key)
 
     return VerifyPolicy()
@@ -90,10 +103,10 @@ def _host_key_policy(known_hosts: Path, trust_new: bool, host_name: str):
 class HostConnection:
     """A persistent SSH connection to one host; `run` sends one command and returns its Result."""
 
-    def __init__(self, host, *, known_hosts: Path, trust_new: bool = False, connect_timeout: int = 10,
+    def __init__(self, host, *, known_hosts: KnownHosts, trust_new: bool = False, connect_timeout: int = 10,
                  retries: int = 2, command_timeout: int = 1800, jump=None):
         self.host = host
-        self.known_hosts = Path(known_hosts)
+        self.known_hosts = known_hosts
         self.trust_new = trust_new
         self.connect_timeout = connect_timeout
         self.retries = retries
@@ -114,53 +127,67 @@ class HostConnection:
         conn = Connection(host.address, user=host.user, port=host.port, config=config, gateway=gateway,
                           connect_timeout=self.connect_timeout, connect_kwargs=connect_kwargs)
         conn.client.set_missing_host_key_policy(_host_key_policy(self.known_hosts, self.trust_new, host.name))
-        if self.known_hosts.exists():
-            conn.client.load_host_keys(str(self.known_hosts))
+        name = known_hosts_name(host.address, host.port)
+        for key in self.known_hosts.keys_for(name):
+            conn.client.get_host_keys().add(name, key.get_name(), key)
         return conn
 
     def open(self) -> HostConnection:
-        """Connect (with bounded retries on network errors). Host key and auth errors are not retried."""
+        """Connect (with bounded retries on network errors), through the jump host first when there is one:
+        an error names the hop that failed. Host key and auth errors are not retried."""
         import paramiko
 
         if self._conn is not None and self._conn.is_connected:
             return self
         last: Exception | None = None
+        hop = self.host
         for attempt in range(self.retries + 1):
-            gateway = self._fabric_connection(self.jump) if self.jump else None
-            conn = self._fabric_connection(self.host, gateway=gateway)
+            gateway = conn = None
             try:
+                if self.jump:
+                    hop = self.jump
+                    gateway = self._fabric_connection(self.jump)
+                    gateway.open()
+                hop = self.host
+                conn = self._fabric_connection(self.host, gateway=gateway)
                 conn.open()
                 self._conn = conn
                 return self
             except HostKeyError:
-                conn.close()
+                _close(conn, gateway)
                 raise
             except paramiko.BadHostKeyException as exc:
-                conn.close()
+                _close(conn, gateway)
+                name = known_hosts_name(hop.address, hop.port)
                 raise HostKeyError(
-                    f"host key for {known_hosts_name(self.host.address, self.host.port)} CHANGED: "
+                    f"{self._via(hop)}host key for {name} CHANGED: "
                     f"got {exc.key.get_name()} {exc.key.fingerprint}, expected {exc.expected_key.fingerprint}",
                     host=self.host.name, step="connect",
-                    hint=f"if the host was reinstalled, verify the new key out of band and remove the old "
-                         f"entry: ssh-keygen -R {shlex.quote(known_hosts_name(self.host.address, self.host.port))}"
-                         f" -f {shlex.quote(str(self.known_hosts))}",
+                    hint=f"if {hop.name} was reinstalled, verify the new key out of band and remove the old "
+                         f"entry: ssh-keygen -R {shlex.quote(name)} -f {shlex.quote(str(self.known_hosts.path))}",
                 ) from None
             except paramiko.AuthenticationException as exc:
-                conn.close()
+                _close(conn, gateway)
                 raise ConnectError(
-                    f"authentication failed as {self.host.user}: {exc}", host=self.host.name, step="connect",
-                    hint="check the inventory's user and identity_file, and that the key is authorised",
+                    f"{self._via(hop)}authentication failed as {hop.user}: {exc}", host=self.host.name,
+                    step="connect",
+                    hint=f"check the inventory's user and identity_file of {hop.name}, and that the key is authorised",
                 ) from None
             except (OSError, paramiko.SSHException, EOFError) as exc:
-                conn.close()
+                _close(conn, gateway)
                 last = exc
                 if attempt < self.retries:
                     time.sleep(min(2.0, 0.5 * (attempt + 1)))
         raise ConnectError(
-            f"cannot reach {self.host.address}:{self.host.port} after {self.retries + 1} attempts: "
+            f"{self._via(hop)}cannot reach {hop.address}:{hop.port} after {self.retries + 1} attempts: "
             f"{type(last).__name__}: {last}", host=self.host.name, step="connect",
-            hint="check that the host is up, the address and port, and any jump host",
+            hint=f"check that {hop.name} is up, its address and port"
+                 + (", and the jump host" if self.jump and hop is self.host else ""),
         )
+
+    def _via(self, hop) -> str:
+        """`jump host NAME: ` when the hop that failed is the jump host, else nothing."""
+        return f"jump host {hop.name}: " if hop is not self.host else ""
 
     def close(self) -> None:
         if self._conn is not None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-_URL_CREDENTIALS = re.compile(r"(?<=://)[^/@\s\"']+@")
+# up to the last @ before the host, as URL parsers split it: a password may hold an unescaped @ ("p@ss")
+_URL_CREDENTIALS = re.compile(r"(?<=://)[^/\s\"']+@")
 # A secret value: up to whitespace, a quote or an escaped line break; other backslash escapes (JSON `\"`,
 # `\\`) count as one character, so masking JSON text keeps it valid.
 _SECRET = r"(?:\\[^nrt]|[^\s\"'\\])+"
@@ -12,6 +13,21 @@ _SECRET = r"(?:\\[^nrt]|[^\s\"'\\])+"
 # lines of dnf .repo files.
 _AUTH_CONF_PASSWORD = re.compile(r"(\bmachine\s+\S+\s+login\s+\S+\s+password\s+)" + _SECRET)
 _PASSWORD_SETTING = re.compile(r"(password\s*=\s*)" + _SECRET)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def literal(text: str) -> str:
+    """User text made safe to print on one line: control characters (a newline in a host name, an escape
+    sequence) shown as Python escapes, so no input can forge an extra output line or recolour a terminal."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def literal_lines(text: str) -> str:
+    """`literal` for each line of a message whose line breaks are gpuprov's own (a list of located errors);
+    the values put into such a message are escaped where they are put in."""
+    return "\n".join(literal(line) for line in text.split("\n"))
 
 
 def mask_credentials(text: str) -> str:
@@ -40,18 +56,18 @@ class GpuprovError(Exception):
     def __str__(self) -> str:
         parts = []
         if self.host:
-            parts.append(f"[{self.host}]")
+            parts.append(f"[{literal(self.host)}]")
         if self.step:
-            parts.append(f"{self.step}:")
-        parts.append(self.message)
+            parts.append(f"{literal(self.step)}:")
+        parts.append(literal_lines(self.message))
         text = " ".join(parts)
         if self.command:
-            text += f"\n  command: {self.command}"
+            text += "\n  command: " + literal_lines(self.command).replace("\n", "\n    ")
         if self.output:
-            tail = "\n".join(self.output.rstrip().splitlines()[-15:])
+            tail = "\n".join(literal(line) for line in self.output.rstrip().splitlines()[-15:])
             text += "\n  output (tail):\n    " + tail.replace("\n", "\n    ")
         if self.hint:
-            text += f"\n  next: {self.hint}"
+            text += "\n  next: " + literal_lines(self.hint).replace("\n", "\n    ")
         return mask_credentials(text)
 
     def to_dict(self) -> dict:

@@ -1,4 +1,9 @@
-"""Human output: per-host progress lines and tables. Machine output lives with each task (JSON files)."""
+"""Human output: per-host progress lines and tables; the JSON report writer and the check of the folders a
+run writes into. Machine output lives with each task.
+
+Everything is printed literally: the console reads no rich markup (`[gpu01]`, `[host]:2222` and `[/]` are
+text), styles come from `styled`, and control characters in names are escaped (gpuprov.errors.literal).
+"""
 
 from __future__ import annotations
 
@@ -10,12 +15,22 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from gpuprov.errors import InputError, literal
+
 
 def console(stderr: bool = False):
+    """A rich console that prints text as it is: no markup, no highlighting."""
     from rich.console import Console
 
     stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, highlight=False, width=None if stream.isatty() else 160)
+    return Console(stderr=stderr, markup=False, highlight=False, width=None if stream.isatty() else 160)
+
+
+def styled(value: object, style: str | None = None):
+    """`value` as rich Text in `style`, with control characters escaped."""
+    from rich.text import Text
+
+    return Text(literal(str(value)), style=style or "")
 
 
 def progress_printer(quiet: bool = False) -> Callable[[object, str], None]:
@@ -37,9 +52,9 @@ def progress_printer(quiet: bool = False) -> Callable[[object, str], None]:
                 return
             elapsed = time.monotonic() - started.get(host.name, time.monotonic())
             if event in styles:
-                out.print(f"[{styles[event]}]{event:>7}[/] {host.name} ({elapsed:.1f}s)")
+                out.print(styled(f"{event:>7}", styles[event]), styled(f"{host.name} ({elapsed:.1f}s)"))
             else:
-                out.print(f"[dim]{'...':>7} {host.name}: {event} ({elapsed:.1f}s)[/]")
+                out.print(styled(f"{'...':>7} {host.name}: {event} ({elapsed:.1f}s)", "dim"))
 
     return on_event
 
@@ -98,14 +113,15 @@ def facts_table(outcomes) -> None:
     out = console()
     for outcome in outcomes:
         if not outcome.ok:
-            out.print(f"[bold red]{outcome.host.name}: FAILED[/]\n{outcome.error}\n")
+            out.print(styled(f"{outcome.host.name}: FAILED", "bold red"))
+            out.print(f"{outcome.error}\n")
             continue
-        table = Table(title=f"{outcome.host.name} ({outcome.host.address}:{outcome.host.port})",
+        table = Table(title=styled(f"{outcome.host.name} ({outcome.host.address}:{outcome.host.port})"),
                       show_header=False, title_justify="left")
         table.add_column("fact", style="bold")
         table.add_column("value")
         for key, value in facts_rows(outcome.value):
-            table.add_row(key, value)
+            table.add_row(key, styled(value))
         out.print(table)
     failed = sum(1 for o in outcomes if not o.ok)
     print(f"{len(outcomes) - failed} hosts answered, {failed} failed", file=sys.stderr)
@@ -115,13 +131,11 @@ def write_json_report(folder: str | Path, kind: str, payload: dict) -> Path:
     """The project's one report writer: reports/<kind>-<UTC timestamp>.json, masked, never overwriting another
     run's report (a second report in the same second gets -2, -3, ...); <kind>-latest.json is replaced
     atomically. Returns the report's path."""
-    import json
-
-    from gpuprov.errors import mask_credentials
+    from gpuprov.json_text import dump_json
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    text = mask_credentials(json.dumps(payload, indent=2, sort_keys=True, default=str))
+    text = dump_json(payload, sort_keys=True)
     path = _create_new(folder, f"{kind}-{_stamp()}", text)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{kind}-latest.")
     try:
@@ -161,17 +175,44 @@ def summary_table(title: str, rows: list[dict], columns: list[str]) -> None:
     styles = {"failed": "bold red", "changed": "yellow", "planned": "cyan", "unchanged": "green",
               "fail": "bold red", "warn": "yellow", "pass": "green", "skip": "dim", "required": "bold yellow",
               "error": "bold red", "partial": "cyan"}
-    table = Table(title=title, title_justify="left")
+    table = Table(title=styled(title), title_justify="left")
     for column in columns:
         table.add_column(column)
     for row in rows:
-        cells = []
-        for column in columns:
-            value = str(row.get(column, ""))
-            style = styles.get(value)
-            cells.append(f"[{style}]{value}[/]" if style else value)
-        table.add_row(*cells)
+        cells = [str(row.get(column, "")) for column in columns]
+        table.add_row(*(styled(value, styles.get(value)) for value in cells))
     console().print(table)
+
+
+def check_folder(setting: str, path: str | Path, *, write: bool) -> bool:
+    """Check, before any host is contacted, the folder a setting names (gpuprov.reports, gpuprov.locks): an
+    existing folder this user may read and, with `write`, write into; or, missing, one that `write` can create
+    (its writer creates it). Returns whether it is missing. InputError (exit 2) naming the setting, the path and
+    what to do; nothing is created or changed here."""
+    path = Path(path)
+    shown = literal(str(path))
+    elsewhere = (f"or point {setting} at another folder (invoke.yaml, or INVOKE_GPUPROV_"
+                 f"{setting.removeprefix('gpuprov.').upper()}=PATH)")
+    if path.is_dir():
+        mode, verb = (os.W_OK | os.X_OK, "write into") if write else (os.R_OK | os.X_OK, "read")
+        if not os.access(path, mode):
+            raise InputError(f"{setting}: cannot {verb} the folder {shown} (permission denied)",
+                             hint=f"give this user access to it, {elsewhere}")
+        return False
+    if path.exists():
+        raise InputError(f"{setting}: {shown} is a file, not a folder", hint=f"move the file away, {elsewhere}")
+    if os.path.lexists(path):
+        raise InputError(f"{setting}: {shown} is a broken symbolic link (to {literal(os.readlink(path))})",
+                         hint=f"create the folder it points to, {elsewhere}")
+    if write:
+        parent = next(p for p in path.absolute().parents if os.path.lexists(p))
+        if not parent.is_dir():
+            raise InputError(f"{setting}: cannot create the folder {shown}: {literal(str(parent))} is a file, "
+                             "not a folder", hint=f"move the file away, {elsewhere}")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise InputError(f"{setting}: cannot create the folder {shown}: no permission to write into "
+                             f"{literal(str(parent))}", hint=f"create it with access for this user, {elsewhere}")
+    return True
 
 
 # ------------------------------------------------------------------------------------------- validate reports

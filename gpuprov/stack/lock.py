@@ -15,8 +15,9 @@ from typing import Any
 
 import yaml
 
-from gpuprov.errors import InputError
-from gpuprov.inventory import _Reader, _show, _type
+from gpuprov.errors import InputError, literal
+from gpuprov.inventory.diagnostics import show, type_name
+from gpuprov.inventory.located import Located, YamlTextError, compose, decode
 
 LOCK_VERSION = 1
 HEADER = """\
@@ -33,9 +34,9 @@ class LockError(InputError):
     """A lock file that cannot be used; `.errors` holds every problem as `FILE:LINE:COL: key: message`."""
 
     def __init__(self, path: str | Path, errors: list[str]):
-        self.errors = list(errors)
+        self.errors = [literal(error) for error in errors]  # a key or path with a line break stays on its line
         message = self.errors[0] if len(self.errors) == 1 else (
-            f"{path}: {len(self.errors)} errors:\n  " + "\n  ".join(self.errors))
+            f"{literal(str(path))}: {len(self.errors)} errors:\n  " + "\n  ".join(self.errors))
         super().__init__(message, hint=_HINT)
 
 
@@ -93,7 +94,7 @@ def package_key(lock: dict, name: str) -> str | None:
 
 # ---------------------------------------------------------------------------------------------- reading
 
-def _read(path: Path) -> tuple[_Reader, Any]:
+def _read(path: Path) -> tuple[Located, Any]:
     """The document with every value's place; LockError when the file is missing or not YAML."""
     if not path.exists():
         raise InputError(f"lock file {path} does not exist", hint="create it with: invoke stack.lock")
@@ -103,7 +104,7 @@ def _read(path: Path) -> tuple[_Reader, Any]:
         data = path.read_bytes()
     except OSError as exc:
         raise LockError(path, [f"{path}: cannot read: {exc.strerror}"]) from None
-    reader = _Reader(path)
+    reader = Located(path)
     root = _compose(path, data)
     if root is None:
         raise LockError(path, [f"{path}:1:1: (file): the file is empty"])
@@ -111,29 +112,12 @@ def _read(path: Path) -> tuple[_Reader, Any]:
 
 
 def _compose(path: Path, data: bytes) -> yaml.Node | None:
-    def fail(line: int, col: int, message: str) -> LockError:
-        return LockError(path, [f"{path}:{line}:{col}: (file): {message}"])
-
+    """The lock's node tree, read as inventories are (gpuprov.inventory.located: UTF-8, allowed characters,
+    depth, a syntax error named where it was noticed and where its construct began); LockError otherwise."""
     try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        raise fail(line, exc.start - data.rfind(b"\n", 0, exc.start), "not UTF-8 text") from None
-    try:
-        return yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        problem = " ".join(p for p in (exc.context, exc.problem) if p) or "bad YAML"
-        raise fail(mark.line + 1 if mark else 1, mark.column + 1 if mark else 1,
-                   f"YAML syntax error: {problem}") from None
-    except yaml.reader.ReaderError as exc:
-        line = text[:exc.position].count("\n") + 1
-        raise fail(line, exc.position - text.rfind("\n", 0, exc.position),
-                   f"character {exc.character!r} is not allowed in YAML") from None
-    except yaml.YAMLError as exc:
-        raise fail(1, 1, f"YAML error: {exc}") from None
-    except RecursionError:
-        raise fail(1, 1, "the YAML is nested too deeply") from None
+        return compose(decode(data))
+    except YamlTextError as exc:
+        raise LockError(path, [f"{path}:{exc.line}:{exc.col}: (file): {exc.message}"]) from None
 
 
 # ------------------------------------------------------------------------------------------- validation
@@ -149,33 +133,33 @@ def _string(value: Any) -> str | None:
     if isinstance(value, str) and value.strip():
         return None
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return f"must be a string (quote it), not {_show(value)}"
-    return f"must be a non-empty string, not {_type(value)}"
+        return f"must be a string (quote it), not {show(value)}"
+    return f"must be a non-empty string, not {type_name(value)}"
 
 
 def _dotted(value: Any) -> str | None:
     problem = _string(value)
     if problem is None and not re.fullmatch(r"\d+(\.\d+)*", value):
-        return f"bad version {_show(value)}: expected digits and dots like \"570.148.08\""
+        return f"bad version {show(value)}: expected digits and dots like \"570.148.08\""
     return problem
 
 
 def _one_of(*choices: str) -> Callable[[Any], str | None]:
-    return lambda value: None if value in choices else f"must be one of {', '.join(choices)}, not {_show(value)}"
+    return lambda value: None if value in choices else f"must be one of {', '.join(choices)}, not {show(value)}"
 
 
 def _boolean(value: Any) -> str | None:
-    return None if isinstance(value, bool) else f"must be true or false, not {_show(value)}"
+    return None if isinstance(value, bool) else f"must be true or false, not {show(value)}"
 
 
 def _mapping(value: Any) -> str | None:
-    return None if isinstance(value, dict) else f"must be a mapping, not {_type(value)}"
+    return None if isinstance(value, dict) else f"must be a mapping, not {type_name(value)}"
 
 
 def _lock_version(value: Any) -> str | None:
     if value == LOCK_VERSION and not isinstance(value, bool):
         return None
-    return f"this gpuprov reads lock_version {LOCK_VERSION}, not {_show(value)}"
+    return f"this gpuprov reads lock_version {LOCK_VERSION}, not {show(value)}"
 
 
 def _package_word(which: str) -> Callable[[Any], str | None]:
@@ -191,7 +175,7 @@ def _package_word(which: str) -> Callable[[Any], str | None]:
             else:
                 Package("x", value)
         except InputError:
-            return f"not a valid package {which}: {_show(value)}"
+            return f"not a valid package {which}: {show(value)}"
         return None
     return check
 
@@ -219,19 +203,19 @@ _LOCK = {"lock_version": _lock_version, "inputs": _mapping, "stack": _STACK}
 _OPTIONAL = {("inputs",), ("stack", "nscq"), ("stack", "nvlsm")}
 
 
-def _validate(reader: _Reader, doc: Any) -> None:
+def _validate(reader: Located, doc: Any) -> None:
     """Record every problem of a lock document at its place: unknown YAML tags, then the shape."""
     for path, tag in reader.tagged.items():
         reader.error(path, f"unsupported YAML tag {tag!r}: a lock holds plain values only")
     if not isinstance(doc, dict):
-        reader.error((), f"must be a mapping with lock_version, inputs and stack, not {_type(doc)}")
+        reader.error((), f"must be a mapping with lock_version, inputs and stack, not {type_name(doc)}")
         return
     for key in doc.keys() - _LOCK.keys():
         reader.error((key,), "unknown key; a lock has lock_version, inputs and stack", at_key=True)
     _walk(reader, doc, _LOCK, ())
 
 
-def _walk(reader: _Reader, value: Any, spec, path: tuple) -> None:
+def _walk(reader: Located, value: Any, spec, path: tuple) -> None:
     """Check `value` against `spec`: a mapping of required keys, a one-item list (a non-empty list of such
     items), a nullable spec or a leaf check returning a message."""
     if path in reader.tagged:
@@ -242,7 +226,7 @@ def _walk(reader: _Reader, value: Any, spec, path: tuple) -> None:
         spec = spec.spec
     if isinstance(spec, dict):
         if not isinstance(value, dict):
-            reader.error(path, f"must be a mapping, not {_type(value)}")
+            reader.error(path, f"must be a mapping, not {type_name(value)}")
             return
         for key, sub in spec.items():
             if key in value:
@@ -251,7 +235,7 @@ def _walk(reader: _Reader, value: Any, spec, path: tuple) -> None:
                 reader.error((*path, key), "missing")
     elif isinstance(spec, list):
         if not isinstance(value, list):
-            reader.error(path, f"must be a list, not {_type(value)}")
+            reader.error(path, f"must be a list, not {type_name(value)}")
         elif not value:
             reader.error(path, "must not be empty")
         for index, item in enumerate(value if isinstance(value, list) else []):
@@ -314,3 +298,17 @@ def lock_path_for(host, locks_dir: Path) -> Path | None:
         if path.exists():
             return path
     return None
+
+
+def locks_for(hosts, locks_dir: Path) -> dict[str, dict]:
+    """{host name: its lock's stack} for the hosts a lock governs, each lock file loaded once; a corrupt one
+    is LockError (exit 2), found before any host is contacted."""
+    loaded: dict[Path, dict] = {}
+    out = {}
+    for host in hosts:
+        path = lock_path_for(host, locks_dir)
+        if path is not None:
+            if path not in loaded:
+                loaded[path] = load_lock(path)["stack"]
+            out[host.name] = loaded[path]
+    return out

@@ -26,6 +26,7 @@ from gpuprov.stack.data import (
     table,
     vkey,
 )
+from gpuprov.stack.inputs import PinError, stack_pin
 
 STABLE_KINDS = ("production", "long_term")
 # The stack's sections that list packages, in install order.
@@ -92,39 +93,16 @@ def check_os(os_key: str) -> str:
     return os_key
 
 
-def _pick(kind: str, value, known: list[str], *, prefix_ok: bool = False) -> str:
-    text = str(value).strip()
-    if text in known or (prefix_ok and any(k.startswith(text + ".") for k in known)):
-        return text
-    raise InputError(f"unknown {kind} {value!r}. Accepted: {', '.join(known)}",
-                     hint=f"pick a {kind} from the list (invoke stack.matrix shows the tables)")
-
-
-def _driver_pin(value) -> tuple[str, str | None]:
-    """"570" / "R570" -> ("570", None); "570.148.08" -> ("570", "570.148.08")."""
-    text = str(value).strip().upper().removeprefix("R")
-    branch = branch_of(text)
-    _pick("driver branch", branch, list(table("drivers")["branches"]))
-    if "." in text:
+def _pins(**given) -> dict[str, str | None]:
+    """Each stack pin normalized by gpuprov.stack.inputs (None or "" = not pinned); InputError (exit 2) for a
+    value gpuprov's data does not have."""
+    pins = {}
+    for key, value in given.items():
         try:
-            vkey(text)
-        except ValueError:
-            raise InputError(f"bad driver version {value!r}", hint="e.g. 570 or 570.148.08") from None
-        return branch, text
-    return branch, None
-
-
-def _cuda_pin(value) -> str:
-    text = str(value).strip()
-    releases = table("cuda")["releases"]
-    if text.count(".") >= 2:
-        minor = minor_of(text)
-        if minor in releases and text in cuda_updates(minor):
-            return text
-        known = [u for m in releases for u in cuda_updates(m)]
-        raise InputError(f"unknown CUDA version {value!r}. Accepted: {', '.join(list(releases) + known)}",
-                         hint="pick a CUDA release such as 12.8 or an update such as 12.8.1")
-    return _pick("CUDA release", text, list(releases))
+            pins[key] = None if value in (None, "") else stack_pin(key, value)
+        except PinError as exc:
+            raise InputError(str(exc)) from None
+    return pins
 
 
 # ----------------------------------------------------------------------------------------------- rules
@@ -154,9 +132,6 @@ def driver_problem(model, branch: str, version: str | None) -> str | None:
     if model.arch in drv["open_only_architectures"] and int(branch) < int(drv["open_modules_first_branch"]):
         return f"{model.key} needs the open kernel modules, which branch {branch} lacks. Use a newer branch."
     effective = version or row["latest"]
-    if effective is None:
-        return (f"driver branch {branch} has no confirmed version in gpuprov's data; pick another branch "
-                f"or pin an exact version (e.g. {branch}.xx.yy).")
     if model.min_driver and not at_least(effective, model.min_driver):
         return (f"{model.key} needs driver >= {model.min_driver}; driver {effective} is older. "
                 f"Use {model.min_driver} or newer.")
@@ -384,10 +359,9 @@ def _pin_conflicts(model, drv_pin, cuda_pin, nccl_pin, ngc_pin, torch_pin, nvswi
             out.append(f"NGC PyTorch {ngc_pin}-py3: {arch} Pick another NGC tag.")
         elif drv_pin and not any(drv_pin[0] in p for p in out):
             version = drv_pin[1] or table("drivers")["branches"][drv_pin[0]]["latest"]
-            if version:
-                problem, _ = ngc_problem(model, ngc_pin, drv_pin[0], version)
-                if problem:
-                    out.append(problem + f" (driver {drv_pin[1] or drv_pin[0]} is pinned)")
+            problem, _ = ngc_problem(model, ngc_pin, drv_pin[0], version)
+            if problem:
+                out.append(problem + f" (driver {drv_pin[1] or drv_pin[0]} is pinned)")
     if torch_pin:
         variants = table("pytorch_wheels")["releases"][torch_pin]
         if all(cuda_arch_problem(model, cuda_of_wheel(v)) for v in variants):
@@ -406,12 +380,10 @@ def resolve(gpu: str, os: str, gpus: int = 1, nvswitch: bool = False, cuda=None,
     os_key = check_os(os)
     if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
         raise InputError(f"gpus must be a positive whole number, not {gpus!r}")
-    drv_pin = _driver_pin(driver) if driver not in (None, "") else None
-    cuda_pin = _cuda_pin(cuda) if cuda not in (None, "") else None
-    torch_pin = _pick("PyTorch release", pytorch, list(table("pytorch_wheels")["releases"])) if pytorch else None
-    ngc_pin = (_pick("NGC PyTorch tag", str(ngc).removesuffix("-py3"), list(table("ngc_pytorch")["tags"]))
-               if ngc else None)
-    nccl_pin = (_pick("NCCL version", nccl, list(table("nccl")["releases"]), prefix_ok=True) if nccl else None)
+    pins = _pins(cuda=cuda, driver=driver, pytorch=pytorch, ngc=ngc, nccl=nccl)
+    cuda_pin, torch_pin, ngc_pin, nccl_pin = pins["cuda"], pins["pytorch"], pins["ngc"], pins["nccl"]
+    exact = pins["driver"] if pins["driver"] and "." in pins["driver"] else None
+    drv_pin = (branch_of(pins["driver"]), exact) if pins["driver"] else None
     if cuda_pin and cuda_pin.count(".") == 1:
         cuda_pin = max(cuda_updates(cuda_pin), key=vkey)
 

@@ -1,12 +1,15 @@
 """Shared pieces of the task modules: the host options every host task takes, selection, exit codes.
 
-A task that touches hosts is declared with `@host_task(help={...})` and takes, besides its own options,
+Every task is wrapped in `exits_cleanly`, which checks the gpuprov settings (invoke.yaml, INVOKE_GPUPROV_*)
+before the task does anything and turns a GpuprovError into its message and exit code. A task that touches
+hosts is declared with `@host_task(help={...})` and takes, besides its own options,
 `host=None, group=None, all=False, inventory=None, parallel=None, trust_new_hosts=False`; it calls
 `select_hosts(c, host, group, all, inventory)` and `run_settings(c, inv, ...)` (or `gather_outcomes`).
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
 import sys
 from collections.abc import Callable
@@ -14,8 +17,9 @@ from collections.abc import Callable
 from invoke import task
 from invoke.exceptions import Exit
 
-from gpuprov.config import path_setting
+from gpuprov.config import path_setting, settings
 from gpuprov.errors import GpuprovError, InputError
+from gpuprov.json_text import dump_json
 
 HOST_HELP = {
     "host": "host name from the inventory; repeat or give a comma list",
@@ -27,15 +31,35 @@ HOST_HELP = {
 }
 
 
+def error_document(exc: GpuprovError) -> dict:
+    """The JSON form of an error: its fields (to_dict, credentials masked), the exit code and, for errors
+    that hold several problems (a config, an inventory, a lock), each problem."""
+    document = {**exc.to_dict(), "exit_code": exc.exit_code}
+    problems = getattr(exc, "errors", None)
+    if isinstance(problems, list):
+        document["errors"] = [str(problem) for problem in problems]
+    return document
+
+
+def report_error(exc: GpuprovError, json_: bool = False) -> None:
+    """An error as `error: message` on stderr and, with --json, as the one JSON document on stdout."""
+    print(f"error: {exc}", file=sys.stderr)
+    if json_:
+        print(dump_json(error_document(exc)))
+
+
 def exits_cleanly(fn: Callable) -> Callable:
-    """Turn a GpuprovError into its message on stderr and its exit code (1 failure, 2 bad input)."""
+    """Check the gpuprov settings before the task runs, then turn a GpuprovError into its message (stderr,
+    and the JSON error document on stdout when the task was called with json_=True) and its exit code
+    (1 failure, 2 bad input)."""
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(c, *args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            settings(c)
+            return fn(c, *args, **kwargs)
         except GpuprovError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            report_error(exc, json_=bool(kwargs.get("json_")))
             raise Exit(code=exc.exit_code) from None
 
     return wrapper
@@ -65,35 +89,66 @@ def select_hosts(c, host: list[str] | None, group: list[str] | None, all_: bool,
     if all_ and (hosts or groups):
         raise InputError("--all selects every host: give it alone, or name hosts with --host/--group",
                          step="select hosts")
+    if inventory is not None and not str(inventory).strip():
+        raise InputError("--inventory needs the path of an inventory file, not ''", step="select hosts")
     inv = load_inventory(inventory or path_setting(c, "inventory"))
     return inv, inv.select(hosts=hosts, groups=groups, all_=all_)
 
 
+def whole_number(flag: str, value: str | int, minimum: int) -> int:
+    """A flag's value as a whole number >= minimum (InputError naming the flag otherwise)."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isascii() or not text.isdigit() or int(text) < minimum:
+        raise InputError(f"{flag} must be a whole number >= {minimum}, not {value!r}")
+    return int(text)
+
+
 def parallel_setting(c, parallel: str | int | None) -> int:
     """--parallel, else gpuprov.parallel: a whole number >= 1 (InputError otherwise)."""
-    from gpuprov.config import setting
+    return settings(c).parallel if parallel is None else whole_number("--parallel", parallel, 1)
 
-    value = setting(c, "parallel") if parallel is None else parallel
-    text = str(value).strip()
-    if not text.isascii() or not text.isdigit() or int(text) < 1:
-        raise InputError(f"--parallel must be a whole number >= 1, not {value!r}", step="select hosts")
-    return int(text)
+
+def max_fail_setting(max_fail: str | int | None) -> str | None:
+    """--max-fail as given, once the executor's failure budget accepts it (InputError otherwise)."""
+    from gpuprov.executor import failure_budget
+
+    failure_budget(max_fail, 1)
+    return None if max_fail is None else str(max_fail)
+
+
+def only_components(only: str | None) -> frozenset[str] | None:
+    """--only a,b: the components named (None without --only); InputError for an empty item or an unknown
+    name, saying which components there are."""
+    from gpuprov.ops import COMPONENTS
+
+    if only is None:
+        return None
+    accepted = f"give a comma list of components: {', '.join(COMPONENTS)}"
+    names = [name.strip() for name in str(only).split(",")]
+    if "" in names:
+        raise InputError(f"--only {only!r} has an empty item; {accepted}")
+    for name in names:
+        if name not in COMPONENTS:
+            close = difflib.get_close_matches(name, COMPONENTS, n=1)
+            guess = f" (did you mean {close[0]}?)" if close else ""
+            raise InputError(f"--only: unknown component {name!r}{guess}; {accepted}")
+    return frozenset(names)
 
 
 def run_settings(c, inv, *, trust_new_hosts: bool = False, parallel: str | int | None = None,
                  max_fail: str | None = None):
     """Executor settings from invoke.yaml, the inventory (its known_hosts wins) and the task's flags."""
-    from gpuprov.config import setting
     from gpuprov.executor import Settings
 
+    config = settings(c)
     return Settings(
-        known_hosts=inv.known_hosts or path_setting(c, "known_hosts"),
+        known_hosts=inv.known_hosts or config.known_hosts,
         trust_new=trust_new_hosts,
         parallel=parallel_setting(c, parallel),
-        connect_timeout=int(setting(c, "connect_timeout")),
-        connect_retries=int(setting(c, "connect_retries")),
-        command_timeout=int(setting(c, "command_timeout")),
-        max_fail=max_fail,
+        connect_timeout=config.connect_timeout,
+        connect_retries=config.connect_retries,
+        command_timeout=config.command_timeout,
+        max_fail=max_fail_setting(max_fail),
     )
 
 

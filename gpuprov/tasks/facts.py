@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from invoke.exceptions import Exit
 
 from gpuprov.tasks._common import gather_outcomes, host_task, select_hosts
@@ -13,14 +11,14 @@ from gpuprov.tasks._common import gather_outcomes, host_task, select_hosts
 def facts(c, host=None, group=None, all=False, inventory=None, json_=False, trust_new_hosts=False,
           parallel=None):
     """Gather facts from hosts: OS, kernel, GPUs, driver, packages, holds, services, Docker."""
-    from gpuprov.errors import mask_credentials
+    from gpuprov.json_text import dump_json
     from gpuprov.report import facts_table
 
     inv, hosts = select_hosts(c, host, group, all, inventory)
     outcomes = gather_outcomes(c, inv, hosts, trust_new_hosts=trust_new_hosts, parallel=parallel, quiet=json_)
     if json_:
-        print(mask_credentials(json.dumps({o.host.name: o.value if o.ok else {"error": str(o.error)}
-                                           for o in outcomes}, indent=2, sort_keys=True)))
+        print(dump_json({o.host.name: o.value if o.ok else {"error": str(o.error)} for o in outcomes},
+                        sort_keys=True))
     else:
         facts_table(outcomes)
     if any(not o.ok for o in outcomes):

@@ -9,10 +9,13 @@ from invoke import task
 from invoke.exceptions import Exit
 
 from gpuprov.config import path_setting
+from gpuprov.errors import InputError, literal
 from gpuprov.tasks._common import HOST_HELP, exits_cleanly
 
 
 def _inventory_path(c, inventory: str | None):
+    if inventory is not None and not str(inventory).strip():
+        raise InputError("--inventory needs the path of an inventory file, not ''", step="inventory")
     return inventory or path_setting(c, "inventory")
 
 
@@ -23,17 +26,18 @@ def check(c, inventory=None):
     from gpuprov.inventory import InventoryError, load_inventory
 
     path = _inventory_path(c, inventory)
+    shown = literal(str(path))
     try:
         inv = load_inventory(path)
     except InventoryError as exc:
         for line in exc.errors:
             print(line, file=sys.stderr)
-        print(f"{len(exc.errors)} error{'s' if len(exc.errors) != 1 else ''} in {path}", file=sys.stderr)
+        print(f"{len(exc.errors)} error{'s' if len(exc.errors) != 1 else ''} in {shown}", file=sys.stderr)
         raise Exit(code=2) from None
     for warning in inv.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     hosts, groups = len(inv.hosts), len(inv.groups)
-    print(f"{path}: ok ({inv.format} format): {hosts} host{'s' if hosts != 1 else ''}, "
+    print(f"{shown}: ok ({inv.format} format): {hosts} host{'s' if hosts != 1 else ''}, "
           f"{groups} group{'s' if groups != 1 else ''}")
     print(f"hosts: {', '.join(inv.hosts)}")
     if inv.groups:
@@ -45,8 +49,8 @@ def check(c, inventory=None):
 @exits_cleanly
 def show(c, host, inventory=None, json_=False):
     """Show one host: connection settings and merged variables, with where each came from."""
-    from gpuprov.errors import mask_credentials
     from gpuprov.inventory import load_inventory
+    from gpuprov.json_text import dump_json
 
     inv = load_inventory(_inventory_path(c, inventory))
     entry = inv.host(host)
@@ -56,7 +60,7 @@ def show(c, host, inventory=None, json_=False):
                                                   "port": jump.port, "user": jump.user}
     data["inventory"] = str(inv.path)
     if json_:
-        print(mask_credentials(json.dumps(data, indent=2, sort_keys=True, default=str)))
+        print(dump_json(data, sort_keys=True))
         return
     _print_host(data)
 
@@ -69,11 +73,12 @@ def _print_host(data: dict) -> None:
     from gpuprov.errors import mask_credentials
 
     def cell(value) -> Text:
-        return Text(mask_credentials(value if isinstance(value, str) else json.dumps(value, sort_keys=True,
-                                                                                     default=str)))
+        """A table cell printed literally: no markup, control characters escaped, credentials masked."""
+        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+        return Text(literal(mask_credentials(text)))
 
     setting_sources = data["setting_sources"]
-    connection = Table(title=f"{data['name']} ({data['inventory']})", title_justify="left")
+    connection = Table(title=cell(f"{data['name']} ({data['inventory']})"), title_justify="left")
     for column in ("setting", "value", "from"):
         connection.add_column(column, overflow="fold")
     for key in ("address", "port", "user", "identity_file", "jump"):
@@ -101,6 +106,6 @@ def _print_host(data: dict) -> None:
     for key, value in data["vars"].items():
         variables.add_row(cell(key), cell(value), cell(data["sources"][key]))
 
-    console = Console(soft_wrap=False)
+    console = Console(soft_wrap=False, markup=False)
     console.print(connection)
     console.print(variables)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from invoke import task
 
-from gpuprov.tasks._common import exits_cleanly, split_names
+from gpuprov.tasks._common import exits_cleanly, split_names, whole_number
 
 
 def _printer():
@@ -21,11 +21,12 @@ def _printer():
     "fresh": "recreate every host from the image: bare servers, nothing provisioned",
 })
 @exits_cleanly
-def up(c, hosts=3, profile=None, fresh=False):
+def up(c, hosts=None, profile=None, fresh=False):
     """Start the lab (Docker engine, images, hosts) and write inventories/lab.yaml."""
     import gpuprov.lab
 
-    state = gpuprov.lab.up(int(hosts), split_names(profile) or None, progress=_printer(), fresh=fresh)
+    count = 3 if hosts is None else whole_number("--hosts", hosts, 1)
+    state = gpuprov.lab.up(count, split_names(profile) or None, progress=_printer(), fresh=fresh)
     _table(state.hosts)
     print(f"inventory: {state.inventory}\nknown_hosts: {state.known_hosts}\nkey: {state.key}")
 
@@ -59,4 +60,4 @@ def _table(hosts) -> None:
     table = Table("host", "profile", "state", "ssh", "internal IP")
     for host in hosts:
         table.add_row(host.name, host.profile, host.state, f"127.0.0.1:{host.port}", host.internal_ip or "-")
-    Console().print(table)
+    Console(markup=False).print(table)

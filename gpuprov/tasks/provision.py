@@ -5,7 +5,8 @@ from __future__ import annotations
 from invoke import task
 from invoke.exceptions import Exit
 
-from gpuprov.tasks._common import HOST_HELP, exits_cleanly, run_settings, select_hosts
+from gpuprov.json_text import dump_json
+from gpuprov.tasks._common import HOST_HELP, exits_cleanly, only_components, run_settings, select_hosts
 
 # gpuprov.ops.COMPONENTS, written out so that `invoke --list` imports no operation module
 ONLY_CHOICES = "sources,kernel,driver,cuda,nccl,engine,container_toolkit,fabricmanager,dcgm,pins"
@@ -53,40 +54,50 @@ def provision(c, host=None, group=None, all=False, inventory=None, dry_run=False
               reboot="if-needed", only=None, skip_preflight=False, update_lock=False, trust_new_hosts=False,
               disrupt=False, json_=False):
     """Plan and apply the resolved driver/CUDA/NCCL/toolkit/fabric manager/DCGM stack on hosts."""
-    import json
+    import sys
 
     from gpuprov.config import path_setting
-    from gpuprov.errors import InputError, mask_credentials
-    from gpuprov.executor import run_on_hosts
-    from gpuprov.ops import COMPONENTS
+    from gpuprov.errors import InputError, literal
+    from gpuprov.executor import RunInterrupted, run_on_hosts
     from gpuprov.provision import REBOOT_POLICIES, Options, provision_host
-    from gpuprov.report import progress_printer, summary_table, write_json_report
+    from gpuprov.report import check_folder, progress_printer, summary_table, write_json_report
+    from gpuprov.stack.lock import locks_for
 
     if reboot not in REBOOT_POLICIES:
         raise InputError(f"--reboot must be one of {', '.join(REBOOT_POLICIES)}, got {reboot!r}")
-    components = frozenset(name.strip() for name in only.split(",")) if only else None
-    if components and not components <= set(COMPONENTS):
-        raise InputError(f"unknown component(s) {', '.join(sorted(components - set(COMPONENTS)))}; "
-                         f"known: {', '.join(COMPONENTS)}")
+    components = only_components(only)
     inv, hosts = select_hosts(c, host, group, all, inventory)
     settings = run_settings(c, inv, trust_new_hosts=trust_new_hosts, parallel=parallel, max_fail=max_fail)
+    reports, locks = path_setting(c, "reports"), path_setting(c, "locks")
+    new_reports = check_folder("gpuprov.reports", reports, write=True)
+    check_folder("gpuprov.locks", locks, write=update_lock and locks.exists())
+    locks_for(hosts, locks)  # a corrupt lock is bad input: found before any host is contacted
     options = Options(dry_run=dry_run, reboot=reboot, only=components, skip_preflight=skip_preflight,
-                      update_lock=update_lock, disrupt=disrupt, locks_dir=path_setting(c, "locks"))
+                      update_lock=update_lock, disrupt=disrupt, locks_dir=locks)
     printer = progress_printer(quiet=json_)
-    outcomes = run_on_hosts(
-        hosts, lambda conn: provision_host(conn, conn.host, inv.path.parent, options,
-                                           say=lambda _name, what: printer(conn.host, what)), settings,
-        jump_of=inv.jump_host, on_event=printer)
+    interrupted = False
+    try:
+        outcomes = run_on_hosts(
+            hosts, lambda conn: provision_host(conn, conn.host, inv.path.parent, options,
+                                               say=lambda _name, what: printer(conn.host, what)), settings,
+            jump_of=inv.jump_host, on_event=printer)
+    except RunInterrupted as stop:
+        outcomes, interrupted = stop.outcomes, True
     runs = [o.value.to_dict() if o.ok else _failed_run(o) for o in outcomes]
-    report = write_json_report(path_setting(c, "reports"), "provision",
-                               {"dry_run": dry_run, "reboot_policy": reboot, "hosts": runs})
+    report = write_json_report(reports, "provision", {"dry_run": dry_run, "reboot_policy": reboot,
+                                                      "interrupted": interrupted, "hosts": runs})
+    if new_reports:
+        print(f"created the folder {literal(str(reports))} (gpuprov.reports)", file=sys.stderr)
     if json_:
-        print(mask_credentials(json.dumps({"report": str(report), "hosts": runs}, indent=2, default=str)))
+        print(dump_json({"report": str(report), "hosts": runs}))
     else:
         _print_plans(runs, dry_run)
         summary_table("provision" + (" (dry run)" if dry_run else ""), [_summary_row(r) for r in runs],
                       ["host", "status", "changes", "reboot", "stack", "detail"])
-        print(f"report: {report}")
+        print(f"report: {literal(str(report))}")
+    if interrupted:
+        print(f"interrupted (Ctrl-C): the report {literal(str(report))} has what completed", file=sys.stderr)
+        raise Exit(code=130)
     code = _exit_code(outcomes)
     if code:
         raise Exit(code=code)
@@ -121,37 +132,40 @@ def _summary_row(run: dict) -> dict:
 
 
 def _print_plans(runs: list[dict], dry_run: bool) -> None:
-    from rich.markup import escape
+    from rich.text import Text
 
-    from gpuprov.report import console
+    from gpuprov.errors import literal, literal_lines
+    from gpuprov.report import console, styled
 
     out = console()
     for run in runs:
+        host = literal(run["host"])
         changes = (run.get("plan") or {}).get("changes", [])
         for notice in run.get("notices") or []:
-            out.print(f"{run['host']}: {notice}", markup=False)
+            out.print(f"{host}: {literal(notice)}")
         if run.get("busy") and any(c.get("refused") for c in changes):
-            out.print(f"{run['host']}: work runs here, disruptive steps refused (--disrupt overrides):",
-                      markup=False)
+            out.print(f"{host}: work runs here, disruptive steps refused (--disrupt overrides):")
             for line in run["busy"]:
-                out.print(f"    {line}", markup=False)
+                out.print(f"    {literal(line)}")
         if run.get("error"):
-            out.print(f"[bold red]{escape(run['host'])}: FAILED[/] {escape(run['error']['error'])}")
+            out.print(styled(f"{host}: FAILED", "bold red"), literal_lines(run["error"]["error"]))
             for key in ("step", "command", "hint"):
                 if run["error"].get(key):
-                    out.print(f"  {key}: {run['error'][key]}", markup=False)
+                    out.print(f"  {key}: " + literal_lines(run["error"][key]).replace("\n", "\n    "))
         if not changes or not dry_run:
             continue
-        out.print(f"[bold]{escape(run['host'])}[/]: {len(changes)} changes")
+        out.print(styled(host, "bold"), f": {len(changes)} changes", sep="")
         for change in changes:
-            marks = (" [yellow](reboot)[/]" if change["reboot"] else "") + (
-                f" [magenta](disruptive: {escape(change['disruptive'])})[/]" if change.get("disruptive") else "") + (
-                " [red](refused: work runs here)[/]" if change.get("refused") else "")
-            out.print(f"  [cyan]{change['component']:>17}[/] ", end="")
-            out.print(change["summary"], markup=False, end="")
-            out.print(marks)
+            line = Text.assemble(styled(f"  {change['component']:>17} ", "cyan"), styled(change["summary"]))
+            if change["reboot"]:
+                line.append(" (reboot)", "yellow")
+            if change.get("disruptive"):
+                line.append(f" (disruptive: {literal(change['disruptive'])})", "magenta")
+            if change.get("refused"):
+                line.append(" (refused: work runs here)", "red")
+            out.print(line)
             if change.get("diff"):
-                out.print("    " + change["diff"].rstrip().replace("\n", "\n    "), markup=False)
+                out.print("    " + literal_lines(change["diff"].rstrip()).replace("\n", "\n    "))
 
 
 @task(iterable=["host", "group"], help={**{k: v for k, v in RUN_HELP.items() if k != "max_fail"},
@@ -160,8 +174,6 @@ def _print_plans(runs: list[dict], dry_run: bool) -> None:
 def preflight(c, host=None, group=None, all=False, inventory=None, parallel=None, trust_new_hosts=False,
               json_=False):
     """Read-only checks that must pass before provisioning (Secure Boot, nouveau, headers, locks, disk, sources)."""
-    import json
-
     from gpuprov.executor import run_on_hosts
     from gpuprov.facts.gather import gather
     from gpuprov.plan import repo_spec
@@ -185,7 +197,7 @@ def preflight(c, host=None, group=None, all=False, inventory=None, parallel=None
         rows += [{"host": outcome.host.name, "check": c.name, "status": c.status, "detail": c.detail,
                   "remedy": c.remedy} for c in outcome.value]
     if json_:
-        print(json.dumps(rows, indent=2))
+        print(dump_json(rows))
     else:
         summary_table("preflight", rows, ["host", "check", "status", "detail", "remedy"])
     if any(row["status"] == "fail" for row in rows):

@@ -9,13 +9,22 @@ from invoke import task
 from invoke.exceptions import Exit
 
 from gpuprov.config import path_setting
-from gpuprov.errors import InputError
-from gpuprov.tasks._common import gather_all, host_task, parallel_setting, select_hosts, split_names
+from gpuprov.errors import InputError, literal
+from gpuprov.json_text import dump_json
+from gpuprov.tasks._common import (
+    exits_cleanly,
+    gather_all,
+    host_task,
+    parallel_setting,
+    select_hosts,
+    split_names,
+    whole_number,
+)
 
 _RESOLVE_HELP = {
-    "gpu": "GPU model: catalog name, alias or nvidia-smi name (e.g. H100-SXM)",
-    "os": "ubuntu-22.04, ubuntu-24.04, debian-12, rhel-9 or rocky-9",
-    "gpus": "number of GPUs (default 1)",
+    "gpu": "GPU model (required): catalog name, alias or nvidia-smi name (e.g. H100-SXM)",
+    "os": "OS key (required): ubuntu-22.04, ubuntu-24.04, debian-12, rhel-9 or rocky-9",
+    "gpus": "number of GPUs, a whole number >= 1 (default 1)",
     "nvswitch": "the GPUs sit on an NVSwitch baseboard (adds fabric manager)",
     "cuda": "pin a CUDA release (12.8) or update (12.8.1)",
     "driver": "pin a driver branch (570) or version (570.148.08)",
@@ -28,32 +37,31 @@ _RESOLVE_HELP = {
 
 
 @task(help=_RESOLVE_HELP)
-def resolve(c, gpu, os, gpus=1, nvswitch=False, cuda=None, driver=None, pytorch=None, ngc=None, nccl=None,
-            forward_compat=False, json_=False):
+@exits_cleanly
+def resolve(c, gpu=None, os=None, gpus=None, nvswitch=False, cuda=None, driver=None, pytorch=None, ngc=None,
+            nccl=None, forward_compat=False, json_=False):
     """Resolve the newest stack that satisfies NVIDIA's compatibility rules for a GPU and OS."""
-    from gpuprov.errors import GpuprovError
-    from gpuprov.stack.resolve import StackConflict
+    from gpuprov.catalog import models
+    from gpuprov.stack.data import OS_KEYS
     from gpuprov.stack.resolve import resolve as do_resolve
 
-    try:
-        stack = do_resolve(gpu, os, gpus=int(gpus), nvswitch=nvswitch, cuda=cuda, driver=driver,
-                           pytorch=pytorch, ngc=ngc, nccl=nccl, forward_compat=forward_compat)
-    except StackConflict as exc:
-        if json_:
-            print(json.dumps(exc.to_dict()))
-        else:
-            print(f"error: {exc}", file=sys.stderr)
-        raise Exit(code=exc.exit_code) from None
-    except GpuprovError as exc:
-        if json_:
-            print(json.dumps({"error": exc.message, "conflicts": []}))
-        else:
-            print(f"error: {exc}", file=sys.stderr)
-        raise Exit(code=exc.exit_code) from None
+    gpu = _required("gpu", gpu, f"a GPU model such as H100-SXM (catalog models: {', '.join(models())}; "
+                                "invoke stack.matrix --component gpus lists their aliases too)")
+    os = _required("os", os, f"the OS of the hosts, one of {', '.join(OS_KEYS)}")
+    count = 1 if gpus is None else whole_number("--gpus", gpus, 1)
+    stack = do_resolve(gpu, os, gpus=count, nvswitch=nvswitch, cuda=cuda, driver=driver,
+                       pytorch=pytorch, ngc=ngc, nccl=nccl, forward_compat=forward_compat)
     if json_:
-        print(json.dumps(stack.to_dict()))
+        print(dump_json(stack.to_dict(), indent=None))
         return
     _print_stack(stack.to_dict())
+
+
+def _required(option: str, value: str | None, accepted: str) -> str:
+    """A required option of stack.resolve; InputError naming it and what it accepts when missing or empty."""
+    if value is None or not str(value).strip():
+        raise InputError(f"--{option} is required: give {accepted}")
+    return value
 
 
 def _print_stack(data: dict) -> None:
@@ -80,7 +88,7 @@ def _print_stack(data: dict) -> None:
     torch = data["pytorch"]
     table.add_row("pytorch wheel", f"torch {torch['version']} ({torch['wheel']})" if torch else "-",
                   f"https://download.pytorch.org/whl/{torch['wheel']}" if torch else "")
-    Console().print(table)
+    Console(markup=False).print(table)
 
 
 _COMPONENTS = ("gpus", "cuda", "forward_compat", "drivers", "nccl", "container_toolkit", "dcgm", "ngc_pytorch",
@@ -103,8 +111,9 @@ def _matrix_rows(component: str) -> tuple[list[str], list[list]]:
         return ["package", "driver branches"], [[f"cuda-compat-{m.replace('.', '-')}", ", ".join(b)]
                                                 for m, b in table("cuda")["forward_compat"].items()]
     if component == "drivers":
-        return ["branch", "kind", "eol", "latest"], [[b, r["kind"], r["eol"], r["latest"]]
-                                                    for b, r in table("drivers")["branches"].items()]
+        return ["branch", "kind", "eol", "latest", "published versions"], [
+            [b, r["kind"], r["eol"], r["latest"], ", ".join(r["versions"]) or "none known (cannot be pinned)"]
+            for b, r in table("drivers")["branches"].items()]
     if component == "nccl":
         return ["nccl", "cuda builds"], [[v, ", ".join(b)] for v, b in table("nccl")["releases"].items()]
     if component == "container_toolkit":
@@ -121,6 +130,7 @@ def _matrix_rows(component: str) -> tuple[list[str], list[list]]:
 
 
 @task(help={"component": "one table: " + ", ".join(_COMPONENTS)})
+@exits_cleanly
 def matrix(c, component=None):
     """Show the compatibility tables gpuprov resolves from."""
     from rich.console import Console
@@ -129,7 +139,7 @@ def matrix(c, component=None):
     if component and component not in _COMPONENTS:
         print(f"error: unknown component {component!r}. Accepted: {', '.join(_COMPONENTS)}", file=sys.stderr)
         raise Exit(code=2)
-    console = Console()
+    console = Console(markup=False)
     for name in [component] if component else _COMPONENTS:
         columns, rows = _matrix_rows(name)
         table = Table(title=name)
@@ -148,12 +158,14 @@ def lock(c, host=None, group=None, all=False, inventory=None, os=None, parallel=
     each --host, one per host with --all. Nothing is written unless every lock resolves.
     """
     from gpuprov.errors import GpuprovError
+    from gpuprov.report import check_folder
     from gpuprov.stack.lock import write_lock
     from gpuprov.stack.resolve import check_os, resolve_for_host
 
     parallel_setting(c, parallel)
     inv, hosts = select_hosts(c, host, group, all, inventory)
     targets = _lock_targets(inv, hosts, split_names(group), split_names(host), all)
+    new_folder = check_folder("gpuprov.locks", path_setting(c, "locks"), write=True)
     if os is not None:
         check_os(os)
         facts = {}
@@ -173,8 +185,10 @@ def lock(c, host=None, group=None, all=False, inventory=None, os=None, parallel=
     for name, members in targets.items():
         stack = stacks[members[0]]
         path = write_lock(path_setting(c, "locks") / f"{name}.lock.yaml", stack, stack.inputs)
-        print(f"wrote {path} (driver {stack.driver['version']}, CUDA {stack.cuda['version']}, "
+        print(f"wrote {literal(str(path))} (driver {stack.driver['version']}, CUDA {stack.cuda['version']}, "
               f"NCCL {stack.nccl['version']})")
+    if new_folder:
+        print(f"created the folder {literal(str(path_setting(c, 'locks')))} (gpuprov.locks)", file=sys.stderr)
 
 
 def _lock_targets(inv, hosts, groups: list[str], names: list[str], all_: bool) -> dict[str, list[str]]:
@@ -195,17 +209,15 @@ def _lock_targets(inv, hosts, groups: list[str], names: list[str], all_: bool) -
 @host_task(help={"json": "print JSON"})
 def check(c, host=None, group=None, all=False, inventory=None, json_=False, parallel=None, trust_new_hosts=False):
     """Compare hosts with their stack (lock file, else resolved) and print each mismatch with its remedy."""
+    from gpuprov.report import check_folder
     from gpuprov.stack.check import check_host
-    from gpuprov.stack.lock import load_lock, lock_path_for
+    from gpuprov.stack.lock import locks_for
     from gpuprov.stack.resolve import resolve_for_host
 
     parallel_setting(c, parallel)
     inv, hosts = select_hosts(c, host, group, all, inventory)
-    locks = {}
-    for h in hosts:  # a bad lock is bad input: found before any host is touched
-        lock_path = lock_path_for(h, path_setting(c, "locks"))
-        if lock_path is not None:
-            locks[h.name] = load_lock(lock_path)["stack"]
+    check_folder("gpuprov.locks", path_setting(c, "locks"), write=False)
+    locks = locks_for(hosts, path_setting(c, "locks"))  # a bad lock is bad input: found before any host
     gathered = gather_all(c, inv, hosts, trust_new_hosts=trust_new_hosts, parallel=parallel, quiet=json_)
     report, failed = {}, False
     for h in hosts:
@@ -219,7 +231,7 @@ def check(c, host=None, group=None, all=False, inventory=None, json_=False, para
         failed = failed or bool(mismatches)
         report[h.name] = {"mismatches": [m.to_dict() for m in mismatches]}
     if json_:
-        print(json.dumps(report))
+        print(dump_json(report, indent=None))
     else:
         for name, result in report.items():
             if "error" in result:

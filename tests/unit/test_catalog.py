@@ -2,7 +2,16 @@
 
 import pytest
 
-from gpuprov.catalog import FOURTH_GENERATION, by_pci_id, is_nvswitch, lookup, models, nvswitch_generation
+from gpuprov.catalog import (
+    FOURTH_GENERATION,
+    by_pci_id,
+    close_names,
+    find,
+    is_nvswitch,
+    lookup,
+    models,
+    nvswitch_generation,
+)
 from gpuprov.errors import InputError
 
 
@@ -40,10 +49,26 @@ def test_blackwell_baseboards_carry_fourth_generation_nvswitches():
 
 
 def test_unknown_name_suggests_and_lists():
+    """lookup shares gpuprov.stack.inputs.gpu_model's rule and did-you-mean (closest catalog spellings)."""
     with pytest.raises(InputError) as exc:
-        lookup("H1000")
-    assert "Did you mean" in str(exc.value) and "H100-SXM" in str(exc.value)
+        lookup("rtx4090")
     assert exc.value.exit_code == 2
+    assert exc.value.message == (
+        "unknown GPU model 'rtx4090' (did you mean 'RTX-4090', 'RTX-5090', '4090'?). Accepted: a catalog model "
+        "(V100-SXM2-16GB, V100-SXM2-32GB, V100-PCIE-16GB, V100-PCIE-32GB, T4, A10, A100-PCIE-40GB, A100-SXM4-40GB, "
+        "A100-PCIE-80GB, A100-SXM4-80GB, L4, L40S, H100-PCIE, H100-SXM, H200-SXM, B200, GB200, B300, RTX-4090, "
+        "RTX-5090), one of its aliases, or the name nvidia-smi prints for it; invoke stack.matrix --component gpus "
+        "lists them all")
+
+
+def test_close_names_are_spelled_as_the_catalog_spells_them():
+    assert close_names("a100 80gb") == ["A100-80GB", "H100-80GB", "A100-40GB"]
+    assert close_names("nvidia h100 80gb hbm")[0] == "NVIDIA H100 80GB HBM3"
+    assert close_names("zzz") == []
+
+
+def test_find_ignores_case_and_surrounding_spaces():
+    assert find("  nvidia l40s ").key == "L40S" and find("L40") is None
 
 
 def test_fixture_ids_resolve():

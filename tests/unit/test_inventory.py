@@ -148,10 +148,16 @@ def test_unquoted_versions_keep_their_text(tmp_path):
         hosts:
           h1:
             address: 10.0.0.1
-            vars: {stack: {cuda: 12.10, ngc: 25.10, nccl: 2.26, pytorch: 2.7}}
+            vars: {stack: {cuda: 12.8, ngc: 25.10, nccl: 2.26, pytorch: 2.10}}
         """)
     stack = load_inventory(path).hosts["h1"].var("stack")
-    assert stack == {"cuda": "12.10", "ngc": "25.10", "nccl": "2.26", "pytorch": "2.7"}
+    assert stack == {"cuda": "12.8", "ngc": "25.10", "nccl": "2.26", "pytorch": "2.10"}
+
+
+def test_an_unquoted_version_is_checked_as_written(tmp_path):
+    path = write(tmp_path, "hosts:\n  h1:\n    address: 10.0.0.1\n    vars: {stack: {cuda: 12.10}}\n")
+    [error] = errors_of(path)
+    assert error.startswith(f"{path}:4:26: hosts.h1.vars.stack.cuda: unknown CUDA release '12.10'. Accepted: ")
 
 
 def test_validated_values_are_normalised(tmp_path):
@@ -672,7 +678,8 @@ def test_missing_identity_file(tmp_path):
 
 
 @pytest.mark.parametrize("text, key, words", [
-    ("{gpu: 100, count: 8}", "hardware.gpu", ("non-empty string",)),
+    ("{gpu: 100, count: 8}", "hardware.gpu", ("GPU model must be text such as H100-SXM, not a number",)),
+    ("{gpu: H100-SMX, count: 8}", "hardware.gpu", ("unknown GPU model 'H100-SMX' (did you mean 'H100-SXM'",)),
     ("{gpu: H100, count: 0}", "hardware.count", ("integer >= 1",)),
     ("{gpu: H100, count: true}", "hardware.count", ("integer >= 1",)),
     ("{gpu: H100, nvswitch: 'yes please'}", "hardware.nvswitch", ("true or false",)),
@@ -682,14 +689,35 @@ def test_bad_hardware(tmp_path, text, key, words):
     one_error(path, 4, f"hosts.h1.vars.{key}", *words)
 
 
-@pytest.mark.parametrize("field, value", [
-    ("cuda", "'12'"), ("cuda", "'twelve'"), ("cuda", "12"), ("driver", "'570.1'"), ("driver", "57"),
-    ("pytorch", "'2'"), ("ngc", "'25.13'"), ("ngc", "'2025.04'"), ("nccl", "'2'"), ("nccl", "'2.26.5.1'"),
-    ("cuda", "true"), ("driver", "[570]"),
+# The pin rules and their messages belong to gpuprov.stack.inputs; here: each is located at its key.
+@pytest.mark.parametrize("field, value, col, message", [
+    ("cuda", "'12'", 21, "bad CUDA version '12': give a release such as 12.8 or an update such as 12.8.1. Accepted: "),
+    ("cuda", "12", 21, "bad CUDA version '12': give a release such as 12.8 or an update such as 12.8.1. Accepted: "),
+    ("cuda", "'twelve'", 21, "bad CUDA version 'twelve': give a release such as 12.8 or an update such as 12.8.1."),
+    ("cuda", "true", 21, 'CUDA version must be text such as "12.8", not a boolean'),
+    ("driver", "'570.999'", 23, "NVIDIA never published 570.999 as far as gpuprov's data knows; published 570 "
+                                "versions: "),
+    ("driver", "57", 23, "unknown driver branch '57'. Accepted: "),
+    ("driver", "[570]", 23, 'driver must be text such as "570", not a list'),
+    ("pytorch", "'2'", 24, "unknown PyTorch release '2'. Accepted: "),
+    ("ngc", "'25.13'", 20, "unknown NGC PyTorch tag '25.13'. Accepted: "),
+    ("ngc", "'2025.04'", 20, "unknown NGC PyTorch tag '2025.04'. Accepted: "),
+    ("nccl", "'2'", 21, "unknown NCCL version '2'. Accepted: "),
+    ("nccl", "'2.26.5.1'", 21, "unknown NCCL version '2.26.5.1'. Accepted: "),
+    ("driver", "'５７０'", 23, "driver '５７０' has digits that are not ASCII ('５', '７', '０'); write it with the "
+                             "digits 0-9"),
 ])
-def test_bad_stack_versions(tmp_path, field, value):
+def test_bad_stack_versions(tmp_path, field, value, col, message):
     path = write(tmp_path, f"hosts:\n  h1:\n    vars:\n      stack: {{{field}: {value}}}\n")
-    one_error(path, 4, f"hosts.h1.vars.stack.{field}", "bad version")
+    [error] = errors_of(path)
+    assert error.startswith(f"{path}:4:{col}: hosts.h1.vars.stack.{field}: {message}"), error
+
+
+def test_stack_pins_are_kept_normalized(tmp_path):
+    path = write(tmp_path, "hosts:\n  h1:\n    vars:\n      stack: {driver: R570, ngc: 25.04-py3}\n"
+                           "      hardware: {gpu: H100}\n")
+    host = load_inventory(path).hosts["h1"]
+    assert host.var("stack") == {"driver": "570", "ngc": "25.04"} and host.var("hardware.gpu") == "H100-SXM"
 
 
 def test_bad_forward_compat(tmp_path):
@@ -744,7 +772,7 @@ def test_vars_in_groups_and_defaults_are_validated_where_written(tmp_path):
           h1: {groups: [g]}
         """)
     one_error(path, 2, "defaults.vars.hardware.count", "integer >= 1")
-    one_error(path, 5, "groups.g.vars.stack.cuda", "bad version")
+    one_error(path, 5, "groups.g.vars.stack.cuda", "bad CUDA version 'x'")
 
 
 def test_no_hosts(tmp_path):

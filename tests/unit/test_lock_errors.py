@@ -179,6 +179,14 @@ def test_a_file_that_is_not_yaml_names_the_place(tmp_path, content, place, messa
     assert message in text
 
 
+def test_a_syntax_error_names_where_its_construct_began(tmp_path):
+    content = ("lock_version: 1\ninputs: {}\nstack:\n  os: ubuntu-22.04\n  gpu: H100-SXM\n  a: 1\n"
+               "  driver: [570, 1\n  cuda: x\n")
+    path, text = load_error(tmp_path, content)
+    assert text == (f"{path}:8:7: (file): YAML syntax error: did not find expected ',' or ']' (while parsing a flow "
+                    "sequence that began at line 7, column 11)")
+
+
 def test_every_problem_is_listed_in_file_order(tmp_path):
     content = edit("  os: ubuntu-22.04", "  os: 7").replace("      version: 12.8.1-1", "      version: 12.8")
     path, text = load_error(tmp_path, content)
@@ -212,3 +220,96 @@ def test_the_error_says_what_to_do(tmp_path):
     with pytest.raises(InputError) as caught:
         load_lock(path)
     assert "invoke stack.lock" in caught.value.hint
+
+
+# ------------------------------------------------------------------ through the tasks, before any host
+
+TASK_CASES = [
+    # binary: a PNG header where the lock should be
+    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "1:1: (file): not UTF-8 text"),
+    (b"lock_version: 1\x00\n", "1:16: (file): character '\\x00' is not allowed in YAML"),
+    # bad YAML
+    ("lock_version: 1\nstack: [unclosed\n", "3:1: (file): YAML syntax error: did not find expected ',' or ']' "
+                                            "(while parsing a flow sequence that began at line 2, column 8)"),
+    # wrong types
+    (edit("      version: 570.148.08-1ubuntu1", "      version: 570.5"),
+     "17:16: stack.driver.packages[0].version: must be a string (quote it), not 570.5"),
+    ("- lock_version: 1\n", "1:1: (top level): must be a mapping with lock_version, inputs and stack, not a list"),
+    # null sections
+    (edit(CUDA, "  cuda: null\n"), "18:9: stack.cuda: must be a mapping, not empty (null)"),
+    ("lock_version: 1\nstack:\n", "2:7: stack: must be a mapping, not empty (null)"),
+]
+
+
+@pytest.fixture
+def hosts_task(tmp_path, monkeypatch):
+    """(context, contacted host names) for running provision and stack.check on gpu01 of group hgx."""
+    from invoke import Config, Context
+
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("hosts:\n  gpu01: {address: 192.0.2.11, groups: [hgx]}\ngroups:\n  hgx:\n    vars:\n"
+                         "      hardware: {gpu: H100-SXM, count: 8, nvswitch: true}\n")
+    contacted: list[str] = []
+
+    def connect(host, *args, **kwargs):
+        contacted.append(host.name)
+        raise AssertionError("a host was contacted")
+
+    monkeypatch.setattr("gpuprov.executor.connect", connect)
+    c = Context(Config(overrides={"gpuprov": {
+        "inventory": str(inventory), "locks": str(tmp_path / "locks"), "reports": str(tmp_path / "reports"),
+        "known_hosts": str(tmp_path / "known_hosts")}}))
+    return c, contacted
+
+
+def run_task(name: str, c, capsys) -> tuple[int, str]:
+    from invoke.exceptions import Exit
+
+    from gpuprov.tasks import provision as provision_tasks
+    from gpuprov.tasks import stack as stack_tasks
+
+    task = {"provision": provision_tasks.provision, "stack.check": stack_tasks.check}[name]
+    with pytest.raises(Exit) as caught:
+        task(c, host=["gpu01"])
+    return caught.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["provision", "stack.check"])
+@pytest.mark.parametrize(("content", "error"), TASK_CASES)
+def test_a_corrupt_lock_stops_the_task_before_any_host(tmp_path, capsys, hosts_task, name, content, error):
+    c, contacted = hosts_task
+    path = tmp_path / "locks" / "hgx.lock.yaml"
+    path.parent.mkdir()
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    before = path.read_bytes()
+    code, err = run_task(name, c, capsys)
+    assert code == 2
+    assert err.splitlines()[0] == f"error: {path}:{error}"
+    assert "Traceback" not in err
+    assert contacted == [] and path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["inventory.yaml", "locks"]
+
+
+@pytest.mark.parametrize("name", ["provision", "stack.check"])
+def test_a_lock_that_is_a_folder_stops_the_task_before_any_host(tmp_path, capsys, hosts_task, name):
+    c, contacted = hosts_task
+    folder = tmp_path / "locks" / "gpu01.lock.yaml"
+    folder.mkdir(parents=True)
+    code, err = run_task(name, c, capsys)
+    assert code == 2 and err.splitlines()[0] == f"error: {folder}: not a file"
+    assert contacted == [] and list(folder.iterdir()) == []
+
+
+def test_a_key_with_a_line_break_cannot_forge_an_error_line(tmp_path, capsys, hosts_task):
+    c, _ = hosts_task
+    path = tmp_path / "locks" / "hgx.lock.yaml"
+    path.parent.mkdir()
+    path.write_text(GOOD + '"x\\n/etc/passwd:1:1: stack: forged": 1\n')
+    code, err = run_task("stack.check", c, capsys)
+    assert code == 2
+    assert err.splitlines()[0] == f"error: {path}:48:1: x\\n/etc/passwd:1:1: stack: forged: unknown key; a lock has " \
+                                  "lock_version, inputs and stack"
+    assert not any(line.startswith("/etc/passwd") for line in err.splitlines())

@@ -3,6 +3,8 @@
 import json
 import threading
 
+import pytest
+
 from gpuprov import report
 from gpuprov.report import write_json_report
 
@@ -40,3 +42,11 @@ def test_concurrent_runs_never_share_a_file(tmp_path, monkeypatch):
 def test_reports_mask_credentials(tmp_path):
     path = write_json_report(tmp_path / "new", "preflight", {"proxy": "http://ops:s3cret@proxy:3128"})
     assert "s3cret" not in path.read_text() and "http://***@proxy:3128" in path.read_text()
+
+
+def test_a_report_is_strict_json_with_nan_as_null(tmp_path):
+    path = write_json_report(tmp_path, "provision", {"figures": {"tflops": float("nan"), "gbs": float("inf")}})
+    text = path.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in a report")) == {
+        "figures": {"tflops": None, "gbs": None}}

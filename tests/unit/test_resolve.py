@@ -3,13 +3,16 @@
 import json
 
 import pytest
+from test_stack_inputs import BAD_IDS, BAD_PINS, UNKNOWN_GPU
 
+from gpuprov.catalog import lookup
 from gpuprov.errors import InputError
-from gpuprov.stack.data import table, vkey
-from gpuprov.stack.resolve import Stack, StackConflict, resolve, resolve_for_host
+from gpuprov.stack.data import branch_of, table, vkey
+from gpuprov.stack.resolve import Stack, StackConflict, cuda_problem, ngc_problem, resolve, resolve_for_host
 from gpuprov.stack.rules import check_stack
 
 CUDA_ROWS = [(u, d) for m, r in table("cuda")["releases"].items() for u, d in r["updates"].items()]
+PUBLISHED = {v for row in table("drivers")["branches"].values() for v in row["versions"]}
 
 
 def _below(version: str) -> str:
@@ -23,6 +26,11 @@ def _below(version: str) -> str:
 
 @pytest.mark.parametrize("cuda,driver", CUDA_ROWS)
 def test_cuda_row_min_driver_accepted(cuda, driver):
+    assert cuda_problem(lookup("A100-SXM4-80GB"), cuda, branch_of(driver), driver, False) == (None, False)
+
+
+@pytest.mark.parametrize("cuda,driver", [(c, d) for c, d in CUDA_ROWS if d in PUBLISHED])
+def test_cuda_row_min_driver_resolves_when_published(cuda, driver):
     stack = resolve("A100-SXM4-80GB", "ubuntu-22.04", cuda=cuda, driver=driver)
     assert stack.cuda["version"] == cuda and stack.driver["version"] == driver
     assert stack.forward_compat is False
@@ -30,18 +38,16 @@ def test_cuda_row_min_driver_accepted(cuda, driver):
 
 @pytest.mark.parametrize("cuda,driver", CUDA_ROWS)
 def test_cuda_row_one_below_rejected(cuda, driver):
-    with pytest.raises(StackConflict) as exc:
-        resolve("A10", "ubuntu-22.04", cuda=cuda, driver=_below(driver))
-    assert any(f"needs driver >= {driver}" in c for c in exc.value.conflicts)
+    problem, _ = cuda_problem(lookup("A10"), cuda, branch_of(driver), _below(driver), False)
+    assert f"needs driver >= {driver}" in problem
 
 
 @pytest.mark.parametrize("tag,row", list(table("ngc_pytorch")["tags"].items()))
 def test_ngc_tag_driver_requirement(tag, row):
-    gpu = "H100-SXM"
-    ok = resolve(gpu, "ubuntu-24.04", ngc=tag, driver=row["min_driver"])
-    assert ok.ngc_pytorch == f"{tag}-py3"
-    with pytest.raises(StackConflict):
-        resolve("RTX-4090", "ubuntu-24.04", ngc=tag, driver=_below(row["min_driver"]))
+    driver = row["min_driver"]
+    assert ngc_problem(lookup("H100-SXM"), tag, branch_of(driver), driver) == (None, True)
+    problem, _ = ngc_problem(lookup("RTX-4090"), tag, branch_of(driver), _below(driver))
+    assert f"NGC PyTorch {tag}-py3 needs driver >= {driver}" in problem
 
 
 def test_ngc_forward_compat_branches_on_datacenter_only():
@@ -198,14 +204,19 @@ def test_to_dict_contract_all_versions_strings():
     json.dumps(data)
 
 
-@pytest.mark.parametrize("kwargs", [{"os": "windows-11"}, {"cuda": "12.7"}, {"driver": "999"}, {"ngc": "19.01"},
-                                    {"pytorch": "1.0"}, {"nccl": "9.9"}, {"gpus": 0}])
-def test_bad_inputs_are_input_errors(kwargs):
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"os": "windows-11"}, "unknown OS 'windows-11'. Accepted: ubuntu-22.04, ubuntu-24.04, debian-12, rhel-9, rocky-9"),
+    ({"gpus": 0}, "gpus must be a positive whole number, not 0"),
+    ({"gpu": "H1000"}, UNKNOWN_GPU),
+    *[({key: text}, message) for key, text, message in BAD_PINS],
+], ids=["os", "gpus", "gpu", *BAD_IDS])
+def test_bad_inputs_are_input_errors(kwargs, message):
+    """Bad input is refused before anything resolves, with the same words as inventory.check (gpuprov.stack.inputs)."""
     args = {"gpu": "H100", "os": "ubuntu-22.04", **kwargs}
     with pytest.raises(InputError) as exc:
         resolve(**args)
     assert not isinstance(exc.value, StackConflict)
-    assert exc.value.exit_code == 2
+    assert (exc.value.exit_code, exc.value.message) == (2, message)
 
 
 def test_defaults_prefer_stable_branches():

@@ -166,3 +166,14 @@ def test_the_command_line_exits_2_without_a_traceback(tmp_path):
     assert proc.returncode == 2 and "--all selects every host" in proc.stderr and "Traceback" not in proc.stderr
     proc = invoke("facts", "--host", "gpu01,gpu9", "--inventory", str(inventory), cwd=tmp_path)
     assert proc.returncode == 2 and "unknown host 'gpu9'" in proc.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("provision", "--hots", "a"), "error: provision: unknown option '--hots' (did you mean --host?); "
+                                   "see: inv[oke] --help provision\n"),
+    (("stack.resolve", "--gpu", "H100", "--os", "ubuntu2204", "--gpus"),
+     "error: stack.resolve: --gpus needs a value; see: inv[oke] --help stack.resolve\n"),
+])
+def test_the_plain_invoke_binary_refuses_a_bad_task_argument_with_exit_2(tmp_path, args, message):
+    proc = invoke(*args, cwd=tmp_path)
+    assert (proc.returncode, proc.stderr, proc.stdout) == (2, message, "")

@@ -1,0 +1,112 @@
+"""Load and validate inventories (native YAML, Ansible YAML, Ansible INI), select hosts, merge variables.
+
+The modules, one job each:
+    model        Host, Group, Inventory (selection, jump hosts), parse_jump, is_valid_address
+    located      YAML read into data that keeps every value's and key's place
+    diagnostics  how a problem is told: `FILE:LINE:COL: key path: message`, literal, credentials masked
+    native       gpuprov's own format (defaults / groups / hosts)
+    ansible      Ansible's YAML form (all: / children: / hosts: / vars:); patterns: its host ranges
+    ini          Ansible's INI form, turned into the YAML form's document
+    settings     connection settings (address, port, user, identity_file, jump, sudo) and local paths
+    schema       the validated variables (hardware, stack, mirror, firewall, container_engine)
+    merge        group cycles, precedence, each host's merged settings and variables, jump checks
+
+Size guards, each checked before what it protects is read: the file's size (MAX_BYTES, before reading it),
+the nesting depth (located.MAX_DEPTH, on the parser's events before any tree is built), what aliases add
+(located.MAX_ALIAS_VALUES) and what host ranges add (patterns.MAX_RANGE_HOSTS, counted before expanding).
+
+A file is read as INI when its name ends in `.ini` or its first line that is not blank or a comment is a
+section header (`[gpus]`); as Ansible YAML when its top level has `all:`; else as the native format.
+Paths (known_hosts, identity_file, mirror key_file and ca_file) expand `~`; relative paths are relative to
+the inventory's folder; identity_file and ca_file must be regular files. Every problem found is collected,
+each as `FILE:LINE:COL: key path: message`, and raised together as one InventoryError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Iterator
+from pathlib import Path
+
+from gpuprov.errors import InputError
+from gpuprov.inventory.ansible import read_ansible
+from gpuprov.inventory.diagnostics import FILE_KEY, InventoryError, problem_line, type_name
+from gpuprov.inventory.ini import looks_like_ini, read_ini
+from gpuprov.inventory.located import Located, YamlTextError, compose, decode
+from gpuprov.inventory.merge import build_inventory
+from gpuprov.inventory.model import Group, Host, Inventory, is_valid_address, parse_jump
+from gpuprov.inventory.native import read_native
+
+__all__ = ["Group", "Host", "Inventory", "InventoryError", "is_valid_address", "load_inventory", "parse_jump"]
+
+MAX_BYTES = 32 * 1024 * 1024
+
+
+def load_inventory(path: str | Path) -> Inventory:
+    """Load and validate an inventory file; InputError if it is missing, InventoryError if it is bad."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"inventory {path} not found", step="inventory",
+                         hint="give --inventory PATH or set gpuprov.inventory in invoke.yaml "
+                              "(inventories/example.yaml shows the format)")
+    if not path.is_file():
+        raise InputError(f"inventory {path} is not a file", step="inventory", hint="give --inventory PATH")
+    try:
+        size = path.stat().st_size
+        if size > MAX_BYTES:  # before reading a byte of it
+            too_big = (f"the file has {size} bytes; gpuprov reads inventories of up to {MAX_BYTES} bytes "
+                       f"({MAX_BYTES // 2**20} MiB)")
+            raise InventoryError(path, [problem_line(path, 1, 1, FILE_KEY, too_big)])
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read inventory {path}: {exc.strerror}", step="inventory",
+                         hint="check the file's permissions") from None
+    with _collector_paused():
+        return read_inventory(path, data)
+
+
+def read_inventory(path: Path, data: bytes) -> Inventory:
+    """The Inventory in `data`, the bytes of the file at `path`; InventoryError with every problem found."""
+    base = path.parent.absolute()
+    try:
+        text = decode(data)
+        doc = Located(path, aliases="*" in text)
+        if path.suffix.lower() == ".ini" or looks_like_ini(text):
+            levels = read_ansible(doc, read_ini(doc, text), "no hosts: add a [group] section with host lines")
+            return build_inventory(doc, levels, "ansible-ini", base)
+        document = _yaml_document(doc, text)
+    except YamlTextError as exc:
+        raise InventoryError(path, [problem_line(path, exc.line, exc.col, FILE_KEY, exc.message)]) from None
+    if "all" in document:
+        levels = read_ansible(doc, document, "no hosts: add hosts: under all: or one of its children")
+        return build_inventory(doc, levels, "ansible", base)
+    return build_inventory(doc, read_native(doc, document, base), "native", base)
+
+
+def _yaml_document(doc: Located, text: str) -> dict:
+    """The top-level mapping of a YAML inventory (its node tree is freed on return, before the hosts are built)."""
+    root = compose(text)
+    if root is None:
+        raise YamlTextError(1, 1, "the file is empty; an inventory needs a hosts: mapping (inventories/example.yaml "
+                                  "shows the format)")
+    document = doc.construct(root)
+    if not isinstance(document, dict):
+        doc.error((), f"the top level must be a mapping with hosts:, groups:, defaults: (or an Ansible inventory "
+                      f"with all:), not {type_name(document)}; an Ansible INI inventory starts with a [group] "
+                      "line or has a name ending in .ini")
+        raise InventoryError(doc.file, doc.problems())
+    return document
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while an inventory is built: reading creates many objects and
+    next to no cycles, and a large fleet loads several times faster without the collector's repeated scans."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

@@ -1,0 +1,199 @@
+"""The validated variables: hardware, stack, mirror, firewall, container_engine; any other variable is data.
+
+Stack pins and the GPU model are checked by gpuprov.stack.inputs (stack_pin, gpu_model), the one place that
+owns those rules, so the inventory accepts exactly what the resolver accepts, and keeps the normalized form.
+A number is passed as it was written: `cuda: 12.10` is "12.10", not 12.1.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from gpuprov.inventory.diagnostics import show, suggest, type_name
+from gpuprov.inventory.levels import INVALID, as_mapping, known_keys
+from gpuprov.inventory.located import Located
+from gpuprov.inventory.model import is_valid_address
+from gpuprov.inventory.settings import local_path, port_number
+from gpuprov.stack.inputs import PinError, gpu_model, stack_pin
+
+KNOWN_VARS = ("hardware", "stack", "mirror", "firewall", "container_engine")
+CONTAINER_ENGINES = ("docker",)
+_HEX40 = re.compile(r"[0-9A-Fa-f]{40}")
+_URL_FORBIDDEN = re.compile(r"[\s\"'`\\<>]")
+
+Check = Callable[[Any, tuple], Any]
+
+
+class VariableSchema:
+    """Checks a level's variables where they are written; a refused one is left out (its error recorded)."""
+
+    def __init__(self, doc: Located, base: Path):
+        self.doc = doc
+        self.base = base
+
+    def check(self, key: str, value: Any, path: tuple) -> Any:
+        """The checked (normalized) value of variable `key`, or INVALID."""
+        checker = {"hardware": self.hardware, "stack": self.stack, "mirror": self.mirror,
+                   "firewall": self.firewall, "container_engine": self.container_engine}.get(key)
+        return checker(value, path) if checker else value
+
+    def struct(self, value: Any, path: tuple, what: str, fields: dict[str, Check], required: tuple = ()) -> Any:
+        body = as_mapping(self.doc, value, path, what)
+        if body is None:
+            return INVALID
+        known_keys(self.doc, body, path, tuple(fields), what)
+        out, ok = {}, True
+        for key in required:
+            if key not in body:
+                self.doc.error(path, f"{what} needs {key}")
+                ok = False
+        for key, item in body.items():
+            if key in fields:
+                checked = fields[key](item, (*path, key))
+                ok = ok and checked is not INVALID
+                out[key] = checked
+        return out if ok else INVALID
+
+    # ---------- the variables ----------
+
+    def hardware(self, value: Any, path: tuple) -> Any:
+        return self.struct(value, path, "hardware", {
+            "gpu": self.gpu, "count": self.positive_int, "nvswitch": self.boolean})
+
+    def stack(self, value: Any, path: tuple) -> Any:
+        return self.struct(value, path, "stack", {
+            "cuda": self.pin("cuda"), "driver": self.pin("driver"), "pytorch": self.pin("pytorch"),
+            "ngc": self.pin("ngc"), "nccl": self.pin("nccl"), "forward_compat": self.boolean,
+        })
+
+    def mirror(self, value: Any, path: tuple) -> Any:
+        return self.struct(value, path, "mirror", {
+            "url": self.url, "proxy": self.url, "fingerprint": self.fingerprint,
+            "key_file": lambda v, p: local_path(self.doc, v, p, "key_file", self.base, must_exist=False) or INVALID,
+            "ca_file": lambda v, p: local_path(self.doc, v, p, "ca_file", self.base, must_exist=True) or INVALID,
+            "label": self.release_label,
+        }, required=("url",))
+
+    def firewall(self, value: Any, path: tuple) -> Any:
+        return self.struct(value, path, "firewall", {"allow": self.allow_list}, required=("allow",))
+
+    def container_engine(self, value: Any, path: tuple) -> Any:
+        if isinstance(value, str) and value in CONTAINER_ENGINES:
+            return value
+        self.doc.error(path, f"bad container_engine {show(value)}: give {' or '.join(CONTAINER_ENGINES)}"
+                             f"{suggest(value, CONTAINER_ENGINES)}")
+        return INVALID
+
+    # ---------- parts ----------
+
+    def gpu(self, value: Any, path: tuple) -> Any:
+        try:
+            return gpu_model(value)
+        except PinError as exc:
+            self.doc.error(path, str(exc))
+            return INVALID
+
+    def pin(self, key: str) -> Check:
+        def check(value: Any, path: tuple) -> Any:
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                value = self.doc.raw.get(path, str(value))
+            try:
+                return stack_pin(key, value)
+            except PinError as exc:
+                self.doc.error(path, str(exc))
+                return INVALID
+        return check
+
+    def release_label(self, value: Any, path: tuple) -> Any:
+        """The mirror's Release `Label:` (apt pins the repository by it)."""
+        from gpuprov.ops.repo import RELEASE_LABEL
+
+        if isinstance(value, str) and RELEASE_LABEL.fullmatch(value):
+            return value
+        self.doc.error(path, f"bad label {show(value)}: the Label: line of the mirror's Release file, letters, "
+                             "digits, spaces and ._+:~/- only (NVIDIA's is \"NVIDIA CUDA\")")
+        return INVALID
+
+    def allow_list(self, value: Any, path: tuple) -> Any:
+        if not isinstance(value, list):
+            self.doc.error(path, f"allow must be a list of rules ({{port, proto, sources}}), not {type_name(value)}")
+            return INVALID
+        rules = []
+        for i, item in enumerate(value):
+            rule = self.struct(item, (*path, i), "firewall rule", {
+                "port": lambda v, p: port_number(self.doc, v, p), "proto": self.proto, "sources": self.cidrs},
+                required=("port", "sources"))
+            if rule is not INVALID:
+                rules.append({"port": rule["port"], "proto": rule.get("proto", "tcp"), "sources": rule["sources"]})
+        return rules if len(rules) == len(value) else INVALID
+
+    def positive_int(self, value: Any, path: tuple) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+        self.doc.error(path, f"expected an integer >= 1, not {show(value)}")
+        return INVALID
+
+    def boolean(self, value: Any, path: tuple) -> Any:
+        if isinstance(value, bool):
+            return value
+        self.doc.error(path, f"expected true or false, not {show(value)}")
+        return INVALID
+
+    def proto(self, value: Any, path: tuple) -> Any:
+        if value in ("tcp", "udp"):
+            return value
+        self.doc.error(path, f"bad proto {show(value)}: give tcp or udp{suggest(value, ('tcp', 'udp'))}")
+        return INVALID
+
+    def url(self, value: Any, path: tuple) -> Any:
+        if isinstance(value, str) and not _URL_FORBIDDEN.search(value):
+            try:
+                parts = urlsplit(value)
+                parts.port  # noqa: B018 - raises ValueError for a bad port
+                host = parts.hostname if parts.netloc else None
+            except ValueError:  # a bad port, or a bad IPv6 literal ("http://[fe80::1/")
+                parts, host = urlsplit(""), None
+            if parts.scheme in ("http", "https") and host and is_valid_address(host):
+                return value
+        self.doc.error(path, f"bad URL {show(value)}: give an http:// or https:// URL with a host name")
+        return INVALID
+
+    def fingerprint(self, value: Any, path: tuple) -> Any:
+        text = value.replace(" ", "") if isinstance(value, str) else None
+        if text and _HEX40.fullmatch(text):
+            return text.upper()
+        self.doc.error(path, f"bad fingerprint {show(value)}: give the key's 40 hex digits")
+        return INVALID
+
+    def cidrs(self, value: Any, path: tuple) -> Any:
+        if not isinstance(value, list) or not value:
+            self.doc.error(path, f"sources must be a non-empty list of CIDRs like 10.0.0.0/8, not {show(value)}")
+            return INVALID
+        out, ok = [], True
+        for i, item in enumerate(value):
+            network, hint = _network(item)
+            if network is not None:
+                out.append(network)
+                continue
+            self.doc.error((*path, i), f"bad CIDR {show(item)}{hint}")
+            ok = False
+        return out if ok else INVALID
+
+
+def _network(item: Any) -> tuple[str | None, str]:
+    """(the network's text, "") for a CIDR; (None, a hint) otherwise."""
+    if not isinstance(item, str):
+        return None, ": give it as text like 10.0.0.0/8"
+    try:
+        return str(ipaddress.ip_network(item)), ""
+    except ValueError:
+        pass
+    try:
+        return None, f" (host bits set; did you mean {ipaddress.ip_network(item, strict=False)}?)"
+    except ValueError:
+        return None, ""
