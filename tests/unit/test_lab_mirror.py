@@ -329,7 +329,7 @@ def test_smi_query_parses_into_the_profile_gpus(standin_root):
     assert smi["driver_version"] == "570.148.08" and smi["cuda_version"] == "12.8"
     assert [g["name"] for g in smi["gpus"]] == ["NVIDIA H100 80GB HBM3"] * 8
     assert smi["gpus"][0]["bus_id"] == "00000000:18:00.0"
-    assert {g["memory_total_mib"] for g in smi["gpus"]} == {80 * 1024}
+    assert {g["memory_total_mib"] for g in smi["gpus"]} == {81559}  # the H100 capture's memory.total
     assert all(g["ecc_mode"] is True and g["persistence_mode"] is False for g in smi["gpus"])
     assert len({g["uuid"] for g in smi["gpus"]}) == 8
     assert run_tool(standin_root, "nvidia-smi", "-q")[1].count("GPU-") == text.count("GPU-")
@@ -372,7 +372,7 @@ def test_smi_csv_table_and_list(standin_root):
     load(standin_root, "570.148.08")
     rc, text = run_tool(standin_root, "nvidia-smi", "--query-gpu=name,driver_version,memory.total",
                         "--format=csv,noheader,nounits")
-    assert rc == 0 and text.splitlines() == ["NVIDIA H100 80GB HBM3, 570.148.08, 81920"] * 8
+    assert rc == 0 and text.splitlines() == ["NVIDIA H100 80GB HBM3, 570.148.08, 81559"] * 8
     rc, text = run_tool(standin_root, "nvidia-smi", "--query-gpu=name,bogus", "--format=csv")
     assert rc == 2 and 'Field "bogus" is not a valid field to query.' in text
     rc, text = run_tool(standin_root, "nvidia-smi")
@@ -410,11 +410,12 @@ def test_smi_reports_the_compute_processes_a_test_writes(standin_root):
                                  f"11345, 15690 MiB, {uuids[3]}, 00000000:5D:00.0"]
     rc, text = run_tool(standin_root, "nvidia-smi", "--query-gpu=index,memory.used,memory.free",
                         "--format=csv,noheader,nounits")
-    assert text.splitlines()[0] == "0, 40960, 40960" and text.splitlines()[3] == "3, 15690, 66230"
-    assert text.splitlines()[1] == "1, 0, 81920"
+    # memory.free: the H100 capture's free memory (81081 MiB, total less reserved) less what the processes use
+    assert text.splitlines()[0] == "0, 40960, 40121" and text.splitlines()[3] == "3, 15690, 65391"
+    assert text.splitlines()[1] == "1, 0, 81081"
     table = run_tool(standin_root, "nvidia-smi")[1]
     assert "|    0   N/A  N/A           12345      C   python                                40960MiB |" in table
-    assert "40960MiB /  81920MiB" in table and "No running processes found" not in table
+    assert "40960MiB /  81559MiB" in table and "No running processes found" not in table
     query = run_tool(standin_root, "nvidia-smi", "-q")[1]
     assert "            Name                          : ./gpu_burn" in query
 
