@@ -31,6 +31,7 @@ DEFAULTS: dict = {
     "known_hosts": "~/.ssh/known_hosts",
     "reports": "reports",
     "locks": "locks",
+    "wheelhouse": "build/wheelhouse",
 }
 ENV_PREFIX = "INVOKE_GPUPROV_"
 # Invoke's config file names, in the order it tries them; the first that exists is the one it reads.
@@ -56,6 +57,7 @@ KINDS: dict[str, _Kind] = {
     "known_hosts": _PATH,
     "reports": _PATH,
     "locks": _PATH,
+    "wheelhouse": _PATH,
 }
 
 
@@ -71,6 +73,7 @@ class GpuprovConfig:
     known_hosts: Path
     reports: Path
     locks: Path
+    wheelhouse: Path
 
 
 class ConfigError(InputError):
@@ -100,7 +103,8 @@ def settings(c) -> GpuprovConfig:
 
 
 def path_setting(c, key: str) -> Path:
-    """One validated path setting (inventory, known_hosts, reports, locks), `~` and $VARS expanded."""
+    """One validated path setting (inventory, known_hosts, reports, locks, wheelhouse), `~` and $VARS
+    expanded."""
     return getattr(settings(c), key)
 
 

@@ -260,9 +260,9 @@ def junit_report(hosts: list[dict]) -> str:
     failure, skip a skipped case, warn a skipped case whose message starts with "warn:" (JUnit has no warning;
     either way it is not a pass), and a host whose validation stopped has one errored case, `validation`.
     Each case's system-out holds its figures and thresholds as JSON."""
-    import json
-
     from junit_xml import TestCase, TestSuite, to_xml_report_string
+
+    from gpuprov.json_text import dump_json
 
     suites = []
     for host in hosts:
@@ -270,9 +270,9 @@ def junit_report(hosts: list[dict]) -> str:
         cases = []
         for item in host.get("results") or []:
             case = TestCase(item["check"], classname=classname, elapsed_sec=float(item.get("seconds") or 0.0),
-                            stdout=json.dumps({"figures": item.get("figures") or {},
-                                               "thresholds": item.get("thresholds") or {}}, sort_keys=True,
-                                              default=str))
+                            stdout=dump_json({"figures": item.get("figures") or {},
+                                              "thresholds": item.get("thresholds") or {}}, indent=None,
+                                             sort_keys=True))
             if item["status"] == "fail":
                 case.add_failure_info(message=item["reason"], failure_type="fail")
             elif item["status"] == "skip":
@@ -367,8 +367,8 @@ def _figures_text(figures: dict, limit: int = 6) -> str:
 
 
 def validate_tables(hosts: list[dict], multinode: dict | None = None) -> None:
-    """A rich table per host (every check with its status, figures and reason), then the fleet summary."""
-    from rich.markup import escape
+    """A rich table per host (every check with its status, figures and reason), then the fleet summary. Host
+    names, reasons and errors are printed as written (no markup), control characters escaped."""
     from rich.table import Table
 
     out = console()
@@ -378,18 +378,17 @@ def validate_tables(hosts: list[dict], multinode: dict | None = None) -> None:
             f", image {host['image']}" if host.get("image") else "") + ")"
         if host.get("error") and not host.get("results"):
             error = host["error"]
-            out.print(f"[bold red]{escape(host['host'])}: validation stopped[/] {escape(error.get('error') or '')}")
+            out.print(styled(f"{host['host']}: validation stopped", "bold red"), styled(error.get("error") or ""))
             for key in ("step", "command", "hint"):
                 if error.get(key):
-                    out.print(f"  {key}: {error[key]}", markup=False)
+                    out.print(styled(f"  {key}: {error[key]}"))
             continue
-        table = Table(title=title, title_justify="left")
+        table = Table(title=styled(title), title_justify="left")
         for column in ("check", "status", "figures", "reason"):
             table.add_column(column, overflow="fold")
         for item in host.get("results") or []:
-            style = styles.get(item["status"], "")
-            table.add_row(escape(item["check"]), f"[{style}]{item['status']}[/]" if style else item["status"],
-                          escape(_figures_text(item.get("figures") or {})), escape(item["reason"]))
+            table.add_row(styled(item["check"]), styled(item["status"], styles.get(item["status"])),
+                          styled(_figures_text(item.get("figures") or {})), styled(item["reason"]))
         out.print(table)
     rows = []
     for host in hosts:
@@ -403,6 +402,8 @@ def validate_tables(hosts: list[dict], multinode: dict | None = None) -> None:
     summary_table("validate: fleet summary", rows, ["host", "gpu", "status", "pass", "fail", "warn", "skip",
                                                     "seconds", "detail"])
     if multinode:
-        style = "green" if multinode.get("status") == "pass" else "bold red"
-        out.print(f"multi-node ({', '.join(multinode.get('hosts', []))}, rendezvous {multinode.get('rendezvous')}): "
-                  f"[{style}]{multinode.get('status')}[/] {escape(multinode.get('reason') or '')}")
+        status = multinode.get("status")
+        out.print(styled(f"multi-node ({', '.join(multinode.get('hosts', []))}, rendezvous "
+                         f"{multinode.get('rendezvous')}):"),
+                  styled(str(status), "green" if status == "pass" else "bold red"),
+                  styled(multinode.get("reason") or ""))

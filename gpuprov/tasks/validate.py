@@ -25,15 +25,15 @@ def validate(c, host=None, group=None, all=False, inventory=None, parallel=None,
     """Run the training and inference smoke suite on hosts, judged against datasheets and the fleet.
 
     Host health, training, inference, sizing, software and performance checks; exit 1 when any check failed."""
-    import json
-    import os
+    import sys
     import time
-    from pathlib import Path
 
     from gpuprov import report as reports_
     from gpuprov.config import path_setting
-    from gpuprov.errors import InputError, mask_credentials
+    from gpuprov.errors import InputError, literal
     from gpuprov.executor import run_on_hosts
+    from gpuprov.json_text import dump_json
+    from gpuprov.stack.lock import locks_for
     from gpuprov.validation import host as validation
     from gpuprov.validation.suite_config import IMAGE_PATTERN, LEVELS
 
@@ -47,11 +47,13 @@ def validate(c, host=None, group=None, all=False, inventory=None, parallel=None,
         raise InputError("--multi-node needs at least two hosts", step="validate",
                          hint="select the group with --group NAME")
     settings = run_settings(c, inv, trust_new_hosts=trust_new_hosts, parallel=parallel)
-    section = c.config.get("gpuprov", {}) if c is not None else {}
-    wheelhouse = Path(os.path.expandvars(os.path.expanduser(str(section.get("wheelhouse", "build/wheelhouse")))))
-    reports = path_setting(c, "reports")
-    options = validation.RunOptions(level=level, strict=strict, image=image, only=checks,
-                                    locks_dir=path_setting(c, "locks"), wheelhouse=wheelhouse)
+    reports, locks, wheels = path_setting(c, "reports"), path_setting(c, "locks"), path_setting(c, "wheelhouse")
+    new_reports = reports_.check_folder("gpuprov.reports", reports, write=True)
+    reports_.check_folder("gpuprov.locks", locks, write=False)
+    reports_.check_folder("gpuprov.wheelhouse", wheels, write=True)
+    locks_for(hosts, locks)  # a corrupt lock is bad input: found before any host is contacted
+    options = validation.RunOptions(level=level, strict=strict, image=image, only=checks, locks_dir=locks,
+                                    wheelhouse=wheels)
     printer = reports_.progress_printer(quiet=json_)
     started = time.time()
 
@@ -79,12 +81,13 @@ def validate(c, host=None, group=None, all=False, inventory=None, parallel=None,
                "hosts": entries, "textfiles": local}
     report = reports_.write_json_report(reports, "validate", payload)
     junit = reports_.write_report_sibling(report, "validate", ".xml", reports_.junit_report(entries))
+    if new_reports:
+        print(f"created the folder {literal(str(reports))} (gpuprov.reports)", file=sys.stderr)
     if json_:
-        print(mask_credentials(json.dumps({"report": str(report), "junit": str(junit), **payload}, indent=2,
-                                          default=str)))
+        print(dump_json({"report": str(report), "junit": str(junit), **payload}))
     else:
         reports_.validate_tables(entries, summary)
-        print(f"report: {report}\njunit: {junit}")
+        print(f"report: {literal(str(report))}\njunit: {literal(str(junit))}")
     code = validation.exit_code(entries)
     if code == 0 and any((e.get("textfile") or {}).get("error") for e in entries):
         code = 1

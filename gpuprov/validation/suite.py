@@ -70,7 +70,9 @@ def push_suite(remote, current: str | None, layout: Layout = LAYOUT, files: dict
 
 
 def write_config(remote, config: dict, layout: Layout = LAYOUT) -> None:
-    remote.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", layout.config, step="suite config")
+    from gpuprov.json_text import dump_json
+
+    remote.write_text(dump_json(config, sort_keys=True) + "\n", layout.config, step="suite config")
 
 
 def suite_command(*, level: str, strict: bool, only: list[str] | None = None, image: str | None = None,

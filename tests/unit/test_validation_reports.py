@@ -183,7 +183,7 @@ def run_task(tmp_path, monkeypatch, documents: dict, **options):
     monkeypatch.setattr(validation, "validate_host", fake_validate_host)
     c = Context(Config(overrides={"gpuprov": {
         "inventory": str(inventory), "reports": str(tmp_path / "reports"), "locks": str(tmp_path / "locks"),
-        "known_hosts": str(tmp_path / "known_hosts")}}))
+        "known_hosts": str(tmp_path / "known_hosts"), "wheelhouse": str(tmp_path / "wheelhouse")}}))
     validate(c, all=True, **options)
 
 
@@ -215,3 +215,34 @@ def test_all_passing_exits_0_and_places_textfiles(tmp_path, monkeypatch, capsys)
     assert [h["status"] for h in printed["hosts"]] == ["pass", "pass"]
     assert [h["textfile"] for h in printed["hosts"]] == [{"path": "/srv/prom/gpuprov_validate.prom"}] * 2
     assert printed["junit"].endswith(".xml") and printed["report"].endswith(".json")
+
+
+def test_tables_print_names_and_reasons_as_written(capsys):
+    from gpuprov.report import validate_tables
+
+    document = json.loads(json.dumps(DOCUMENT))
+    document["results"][0]["reason"] = "GPU [3]: [bold]2[/bold] uncorrectable [/] ECC\x1b[31m errors"
+    entry = host_entry(document, name="[gpu01]")
+    stopped = HostValidation("gpu\n02", address="192.0.2.12").to_dict() | {
+        "error": {"error": "cannot read [/] the lock", "step": "validate config", "hint": "fix [prod]"}}
+    validate_tables([entry, stopped], {"status": "fail", "hosts": ["[gpu01]", "gpu\n02"],
+                                       "rendezvous": "[10.0.0.1]:29400", "reason": "gpu\n02 did not join [/]"})
+    out = capsys.readouterr().out
+    assert "[gpu01] (H100-SXM, quick)" in out
+    assert "GPU [3]: [bold]2[/bold] uncorrectable [/] ECC\\x1b[31m errors" in out and "\x1b" not in out
+    assert "gpu\\n02: validation stopped cannot read [/] the lock" in out and "hint: fix [prod]" in out
+    assert "rendezvous [10.0.0.1]:29400): fail gpu\\n02 did not join [/]" in out
+
+
+def test_a_figure_that_is_not_a_number_is_null_in_the_json_report(tmp_path, monkeypatch, capsys):
+    passing = json.loads(json.dumps(DOCUMENT))
+    passing["results"] = [r for r in passing["results"] if r["status"] == "pass"]
+    passing["results"][-1]["figures"]["busbw_gbs"] = float("nan")
+    run_task(tmp_path, monkeypatch, {"gpu01": passing, "gpu02": passing}, json_=True, textfile=False)
+    strict = {"parse_constant": lambda name: pytest.fail(f"{name} in the JSON")}   # jq refuses NaN
+    printed = json.loads(capsys.readouterr().out, **strict)
+    allreduce = next(r for r in printed["hosts"][0]["results"] if r["check"] == "perf.allreduce")
+    assert allreduce["figures"]["busbw_gbs"] is None
+    saved = json.loads((tmp_path / "reports" / "validate-latest.json").read_text(), **strict)
+    assert next(r for r in saved["hosts"][0]["results"] if r["check"] == "perf.allreduce")["figures"] == {
+        "busbw_gbs": None}
