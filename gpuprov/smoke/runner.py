@@ -2,8 +2,9 @@
 
 It imports every module of the suite's folder (all `*.py` but core, runner and __main__: the suite is a plain
 folder on the host, so the file listing is the registry's source), selects the registered checks for the level
-(and `--only`: exact names or a group prefix such as `host`), and runs each in its own process, in its own
-process group, under the check's timeout: a check hung in a GPU or NCCL call is killed with everything it
+(and `--only`: exact names or a group prefix such as `host`), and runs each in a child forked from the runner, in its
+own process group, under the check's timeout (the runner imports torch once, after a child showed it imports,
+so the checks do not pay its import each): a check hung in a GPU or NCCL call is killed with everything it
 started and reported as fail "timed out after N s". A module that fails to import is a fail result of its own
 (`import:<module>`), so a broken check is never silently missing.
 
@@ -31,23 +32,21 @@ import platform
 import re
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
+from select import select as _readable
 
 from .core import FAIL, LEVELS, REGISTRY, SKIP, STATUSES, WARN, Check, Context, Result
 
 SCHEMA = 1
 PACKAGE = __package__ or "smoke"
 HERE = Path(__file__).resolve().parent
-# The folder that must be on sys.path for `python -m PACKAGE` (/opt/gpuprov for "smoke", the repo for
-# "gpuprov.smoke").
-ROOT = HERE.parents[len(PACKAGE.split(".")) - 1]
 NOT_CHECKS = {"__init__", "__main__", "core", "runner"}
 GROUPS = ("host", "sizing", "software", "train", "infer", "perf", "tools")
+TORCH_GROUPS = ("train", "infer", "perf")   # the checks that import torch
 VERSIONS_TIMEOUT = 120
 KILL_WAIT = 10
 
@@ -99,19 +98,10 @@ def select(level: str, only: str | None) -> list[Check]:
     return sorted(chosen, key=_order)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill the check's whole process group (it and anything it started), then reap it."""
+def _kill_group(pid: int) -> None:
+    """Kill a check's whole process group (it and anything it started)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=KILL_WAIT)
-
-
-def _child_env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
+        os.killpg(pid, signal.SIGKILL)
 
 
 def _tail(path: str, lines: int = 3) -> str:
@@ -124,30 +114,93 @@ def _tail(path: str, lines: int = 3) -> str:
     return " | ".join(kept[-lines:])[-600:]
 
 
-_current: list[subprocess.Popen] = []
+_current: list[int] = []   # the process group of the check running now (the SIGTERM handler kills it)
 
 
-def run_isolated(argv_tail: list[str], timeout: float) -> tuple[dict | None, int | None, str, float]:
-    """Run `python -m PACKAGE ARGS --result FILE` in a new process group under `timeout`.
+def _exited(pid: int, timeout: float) -> bool:
+    """Wait up to `timeout` seconds for the child to exit, without reaping it (so its pid, which names its
+    process group, stays reserved until the group is killed). True when it exited."""
+    deadline = time.monotonic() + timeout
+    opener = getattr(os, "pidfd_open", None)
+    if opener is not None:
+        try:
+            fd = opener(pid)
+        except OSError:
+            fd = None
+        if fd is not None:
+            try:
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    with contextlib.suppress(InterruptedError):
+                        if _readable([fd], [], [], left)[0]:
+                            return True
+            finally:
+                os.close(fd)
+    while time.monotonic() < deadline:   # no pidfd (kernel before 5.3): poll
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return True
+        time.sleep(0.02)
+    return False
 
-    Returns (the JSON it wrote or None, exit code or None when it was killed at the timeout, its output's tail,
+
+def _child(target, result_path: str, log_path: str) -> None:
+    """In the forked child: its own process group, stdin from /dev/null, output into the log, the result
+    written by `target(result_path)`; never returns."""
+    code = 1
+    try:
+        os.setpgid(0, 0)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        null = os.open(os.devnull, os.O_RDONLY)
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(null)
+        os.close(log)
+        target(result_path)
+        code = 0
+    except BaseException:  # noqa: BLE001 - whatever happens, the child must not return into the runner
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()
+    finally:
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def run_isolated(target, timeout: float) -> tuple[dict | None, int | None, str, float]:
+    """Run `target(result_path)` in a forked child, in a process group of its own, under `timeout`.
+
+    The child is a fork of the runner, so what the runner imported (torch, once) is there without importing
+    it again; a hung child is killed at the timeout with everything it started. Returns (the JSON the child
+    wrote at result_path or None, its exit code or None when it was killed at the timeout, its output's tail,
     seconds)."""
     with tempfile.TemporaryDirectory(prefix="gpuprov-smoke-") as tmp:
         result_path = os.path.join(tmp, "result.json")
         log_path = os.path.join(tmp, "output.log")
-        argv = [sys.executable, "-m", PACKAGE, *argv_tail, "--result", result_path]
+        sys.stdout.flush()
+        sys.stderr.flush()
         start = time.monotonic()
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    env=_child_env(), start_new_session=True)
-            _current.append(proc)
-            try:
-                rc = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                rc = None
-            finally:
-                _kill_group(proc)  # also reaps anything the check left running
-                _current.remove(proc)
+        pid = os.fork()
+        if pid == 0:
+            _child(target, result_path, log_path)
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)  # also here, so the group exists before the parent could kill it
+        _current.append(pid)
+        try:
+            rc = None
+            if _exited(pid, timeout):
+                status = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+                rc = status.si_status if status.si_code == os.CLD_EXITED else -status.si_status
+        finally:
+            _kill_group(pid)   # also what the check left running
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+            _current.remove(pid)
         seconds = time.monotonic() - start
         data = None
         try:
@@ -175,16 +228,16 @@ def _valid(data, name: str) -> str | None:
     return None
 
 
-def run_check(check: Check, module: str, config_path: str, level: str) -> Result:
-    """Run one check in its own process group under its timeout."""
-    data, rc, tail, seconds = run_isolated(
-        ["--config", config_path, "--level", level, "--one", check.name, "--module", module], check.timeout)
+def run_check(check: Check, module: str, config: dict) -> Result:
+    """Run one check in a forked child, in its own process group, under its timeout."""
+    data, rc, tail, seconds = run_isolated(lambda path: run_one(check.name, module, config, path), check.timeout)
     if rc is None:
         return Result(check.name, FAIL, f"timed out after {check.timeout:g} s" + (f" (last output: {tail})"
                                                                                     if tail else ""),
                       {}, {"timeout_s": check.timeout}, round(seconds, 3))
     if data is None:
-        return Result(check.name, FAIL, f"the check's process exited with code {rc} without a result"
+        how = f"exited with code {rc}" if rc >= 0 else f"was killed by signal {-rc}"
+        return Result(check.name, FAIL, f"the check's process {how} without a result"
                       + (f": {tail}" if tail else ""), {}, {}, round(seconds, 3))
     problem = _valid(data, check.name)
     if problem:
@@ -202,7 +255,7 @@ def apply_strict(result: Result) -> Result:
     return result
 
 
-# ---- inside the child process ------------------------------------------------------------------------------------
+# ---- inside the child (a fork of the runner, or `--one` from the command line) ---------------------------------------
 
 
 def _write(path: str, data) -> None:
@@ -312,9 +365,23 @@ def _progress(text: str) -> None:
 
 
 def _on_term(signum, frame):  # the controller gave up: take the running check's process group down with us
-    for proc in list(_current):
-        _kill_group(proc)
+    for pid in list(_current):
+        _kill_group(pid)
     raise SystemExit(128 + signum)
+
+
+def preload_torch(versions: dict) -> bool:
+    """Import torch in the runner once, so that every check's forked child has it without paying the import
+    (seconds each). Only after the version probe, a child, imported it cleanly: a torch that crashes or hangs on
+    import takes down a child, never the runner. Importing torch does not initialise CUDA (that happens at the
+    first CUDA call, in a check's child), so forking after it is safe; the runner itself makes no torch call."""
+    if not versions.get("torch") or versions.get("torch_error"):
+        return False
+    try:
+        import torch  # noqa: F401
+    except Exception:  # noqa: BLE001 - the checks import it again and report what goes wrong
+        return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -342,13 +409,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     strict = bool(args.strict or config.get("strict"))
     signal.signal(signal.SIGTERM, _on_term)
-    config_path = os.path.abspath(args.config)
-    data, rc, tail, _ = run_isolated(["--config", config_path, "--level", level, "--versions"], VERSIONS_TIMEOUT)
+    data, rc, tail, _ = run_isolated(lambda path: versions_child(config, path), VERSIONS_TIMEOUT)
     versions = data if isinstance(data, dict) else {"python": platform.python_version(),
                                                       "error": f"version probe failed (exit {rc}): {tail}"}
+    if any(c.name.split(".")[0] in TORCH_GROUPS or c.name == "software" for c in checks):
+        preload_torch(versions)
     results = list(failures)
     for check in checks:
-        result = run_check(check, owners.get(check.name, ""), config_path, level)
+        result = run_check(check, owners.get(check.name, ""), config)
         _progress(f"{check.name}: {result.status} ({result.seconds:.1f} s) {result.reason[:160]}")
         results.append(result)
     if strict:

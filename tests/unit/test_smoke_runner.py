@@ -267,3 +267,58 @@ def test_terminating_the_runner_kills_the_running_check(tmp_path):
     proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM
     assert wait_gone(int(pid_file.read_text()))
+
+
+# ---- one torch import for the whole run ------------------------------------------------------------------------------
+
+FORKED = """
+    import os, sys, time
+    from .core import Result, check
+
+    @check("train.forked", timeout=60)
+    def run(ctx):
+        preloaded = "torch" in sys.modules      # before this check imports anything
+        start = time.monotonic()
+        import torch
+        torch.set_num_threads(2)                # OpenMP in a child forked after the runner imported torch
+        a = torch.randn(256, 256)
+        total = float((a @ a.t()).trace())
+        return Result("train.forked", "pass", "ran", {"preloaded": preloaded, "runner": os.getppid(),
+                      "import_s": time.monotonic() - start, "positive": total > 0})
+
+    @check("train.crash", timeout=60)
+    def crash(ctx):
+        os.kill(os.getpid(), 11)
+"""
+
+
+def test_checks_run_in_children_forked_after_one_torch_import(tmp_path):
+    pytest.importorskip("torch")
+    root = plain_suite(tmp_path)
+    (root / "smoke" / "forked.py").write_text(textwrap.dedent(FORKED))
+    proc = start_plain(root, {"host": "h"}, "--only", "train.forked,train.crash")
+    out, err = proc.communicate(timeout=180)
+    results = {r["check"]: r for r in json.loads(out)["results"]}
+    forked = results["train.forked"]
+    assert forked["status"] == "pass", forked
+    # the check found torch imported already: the runner (its parent) imported it once for every check
+    assert forked["figures"]["preloaded"] is True and forked["figures"]["runner"] == proc.pid
+    assert forked["figures"]["import_s"] < 0.5 and forked["figures"]["positive"] is True
+    crash = results["train.crash"]
+    assert (crash["status"], crash["reason"]) == ("fail", "the check's process was killed by signal 11 without "
+                                                          "a result"), err
+
+
+def test_without_torch_checks_still_run_in_children(tmp_path):
+    root = plain_suite(tmp_path)
+    (root / "smoke" / "forked.py").write_text(textwrap.dedent(FORKED))
+    fake = tmp_path / "nottorch"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text("raise ImportError('no torch here')\n")
+    path = root / "config.json"
+    path.write_text(json.dumps({"host": "h"}))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(fake)}
+    done = subprocess.run([sys.executable, "-m", "smoke", "--config", str(path), "--only", "train.forked"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    (forked,) = [r for r in json.loads(done.stdout)["results"] if r["check"] == "train.forked"]
+    assert forked["status"] == "fail" and "ImportError: no torch here" in forked["reason"]
