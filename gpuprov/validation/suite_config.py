@@ -247,6 +247,18 @@ def software_expectations(stack: dict | None, settings: ValidateVars, image: str
             "cudnn": row.get("cudnn")}
 
 
+def _container(image: str | None, settings: ValidateVars, smi: dict) -> dict | None:
+    """What host.container checks: with --image the suite runs in that container (`inside`), and the host's GPU
+    UUIDs (its facts) are what the container must list; else the inventory's validate.image is started by the
+    check itself."""
+    if image:
+        return {"runtime": "docker", "image": image, "inside": True,
+                "host_uuids": [g["uuid"] for g in smi.get("gpus") or [] if g.get("uuid")]}
+    if settings.image:
+        return {"runtime": "docker", "image": settings.image}
+    return None
+
+
 def build_config(host, facts: dict, stack: dict | None, settings: ValidateVars, *, level: str = "quick",
                  strict: bool = False, image: str | None = None) -> dict:
     """The suite config for one host (the JSON document `python -m smoke --config` reads)."""
@@ -260,7 +272,6 @@ def build_config(host, facts: dict, stack: dict | None, settings: ValidateVars, 
     smi = facts.get("nvidia_smi") or {}
     count = hardware.get("count") or len(facts.get("pci_gpus") or []) or None
     nvswitch = hardware["nvswitch"] if "nvswitch" in hardware else stack.get("fabricmanager") is not None
-    container_image = image or settings.image
     return {
         "host": host.name,
         "level": level,
@@ -280,7 +291,7 @@ def build_config(host, facts: dict, stack: dict | None, settings: ValidateVars, 
         "workload": settings.workload,
         "data_dir": settings.data_dir,
         "shm_min_gib": settings.shm_min_gib,
-        "container": {"runtime": "docker", "image": container_image} if container_image else None,
+        "container": _container(image, settings, smi),
         "gpus_visible": bool(smi.get("gpus")) and not smi.get("error"),
         "sizing": settings.sizing,
         "min_batching_gain": settings.min_batching_gain,

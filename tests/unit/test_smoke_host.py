@@ -601,6 +601,20 @@ def test_container_fails_without_the_toolkit_or_with_fewer_gpus():
     assert host_container.run(make_ctx({}, {})).status == "skip"
 
 
+def test_inside_the_image_the_container_lists_the_hosts_gpus():
+    listing = gpu_lines(A100_NVLINK)
+    uuids = [g["uuid"] for g in nvsmi.parse_list(listing)]
+    assert len(uuids) == 8
+    inside = {"container": {"runtime": "docker", "image": "nvcr.io/nvidia/pytorch:25.01-py3", "inside": True,
+                            "host_uuids": uuids}}
+    result = host_container.run(make_ctx(inside, smi(listing=listing)))   # never calls docker: FakeHost refuses
+    assert result.status == "pass" and result.figures["container_gpus"] == 8
+    fewer = "".join(listing.splitlines(keepends=True)[:6])
+    result = host_container.run(make_ctx(inside, smi(listing=fewer)))
+    assert result.status == "fail"
+    assert result.reason == (f"the container sees 6 of the host's 8 GPUs (missing {', '.join(sorted(uuids[6:]))})")
+
+
 # ---- sizing ---------------------------------------------------------------------------------------------------------
 
 

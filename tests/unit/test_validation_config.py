@@ -110,7 +110,9 @@ def test_ngc_image_expectations(inventory):
     config = build_config(host, facts(8), H100_STACK, validate_vars(host), image="nvcr.io/nvidia/pytorch:24.05-py3")
     assert {k: config["expect"][k] for k in ("cuda", "nccl", "cudnn")} == {"cuda": "12.4", "nccl": "2.21.5",
                                                                            "cudnn": "9.1.0.70"}
-    assert config["container"] == {"runtime": "docker", "image": "nvcr.io/nvidia/pytorch:24.05-py3"}
+    # the suite runs inside the image: the container must list the GPUs of the host's facts
+    assert config["container"] == {"runtime": "docker", "image": "nvcr.io/nvidia/pytorch:24.05-py3", "inside": True,
+                                   "host_uuids": []}
     other = build_config(host, facts(8), H100_STACK, validate_vars(host), image="registry.local/train:1")
     assert {k: other["expect"][k] for k in ("cuda", "nccl", "cudnn")} == {"cuda": None, "nccl": None, "cudnn": None}
 
