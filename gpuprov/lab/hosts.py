@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -41,7 +42,13 @@ RUN_OPTIONS = {
     "security_opt": ["seccomp=unconfined", "apparmor=unconfined"],
     # `systemctl reboot` ends PID 1; the engine starts the container again, as a server comes back
     "restart_policy": {"Name": "unless-stopped"},
+    # a server's /dev/shm (tmpfs, half its memory) rather than a container's 64 MiB: DataLoader workers and the
+    # suite's host.shm (validate.shm_min_gib, 8 GiB by default) need it; a limit, not memory taken
+    "shm_size": "8g",
 }
+# Hosts created with other run options are recreated (reconcile compares this label).
+RUN_LABEL = "gpuprov.lab.run"
+RUN_DIGEST = hashlib.sha256(json.dumps(RUN_OPTIONS, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def host_name(index: int) -> str:
@@ -111,7 +118,7 @@ def create_host(client, index: int, profile: Profile, image: str, paths: LabPath
                            hint="free it, or set GPUPROV_LAB_SSH_PORT_BASE to another port range")
     key, pub = host_key_pair(paths, name)
     labels = {**LABELS, ROLE_LABEL: HOST_ROLE, PROFILE_LABEL: profile.name, PORT_LABEL: str(port),
-              HARDWARE_LABEL: json.dumps(profile.hardware)}
+              HARDWARE_LABEL: json.dumps(profile.hardware), RUN_LABEL: RUN_DIGEST}
     container = client.containers.create(
         image, name=name, hostname=name, detach=True, labels=labels, network="bridge",
         ports={"22/tcp": ("127.0.0.1", port)}, **RUN_OPTIONS)
@@ -186,6 +193,7 @@ def reconcile(client, profiles: list[Profile], image: str, paths: LabPaths,
         matches = (spec is not None and container.labels.get(PROFILE_LABEL) == spec[1].name
                    and container.image.tags and image in container.image.tags
                    and container.labels.get(PORT_LABEL) == str(host_port(spec[0]))
+                   and container.labels.get(RUN_LABEL) == RUN_DIGEST
                    and (paths.host_keys / container.name / "ssh_host_ed25519_key.pub").exists())
         if matches:
             keep.append(container.name)

@@ -4,8 +4,8 @@ Lab hosts reach no registry, so nothing can be pulled there. `ensure_image(host)
 of its own Python: /usr/bin/python3 and its standard library, /bin/sh, the shared libraries they load (their
 `ldd` closure), /etc/passwd and /etc/group, and any `extra_paths` (for example /opt/gpuprov/venv and
 /opt/gpuprov/smoke, to run the suite in a container) with the libraries their `.so` files load. The archive is
-written deterministically (sorted, mtime 0, root-owned), so its tag (`REPOSITORY:<sha256 of the archive>[:12]`)
-changes only when the files do; an image of that tag on the host is reused.
+written deterministically (sorted, mtime 0, root-owned), so its tag (`REPOSITORY:<sha256 of the image's PATH and
+the archive>[:12]`) changes only when they do; an image of that tag on the host is reused.
 
 The image has what the lab's simulated nvidia-smi needs (it is a Python script, copied into GPU containers by the
 stand-in nvidia-container-runtime-hook), so on a provisioned lab host
@@ -24,12 +24,14 @@ from collections.abc import Iterable
 from gpuprov.errors import GpuprovError
 
 PYTHON_IMAGE = "gpuprov-lab/python"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Runs on the lab host as root (python3 -c SCRIPT REPOSITORY [EXTRA_PATH...]); prints the image's tag last.
 SCRIPT = r'''
 import hashlib, os, stat, subprocess, sys, tarfile, tempfile
 
 repository, extra = sys.argv[1], sys.argv[2:]
+search = os.environ.get("GPUPROV_IMAGE_PATH") or "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 python = os.path.realpath("/usr/bin/python3")
 stdlib = "/usr/lib/python%d.%d" % sys.version_info[:2]
 SKIP = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data"}
@@ -110,14 +112,13 @@ try:
                     tar.addfile(info, handle)
             elif info.isdir() or info.issym() or info.islnk():
                 tar.addfile(info)
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(search.encode() + b"\0")
     with open(archive, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     tag = "%s:%s" % (repository, digest.hexdigest()[:12])
     if subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode != 0:
-        proc = subprocess.run(["docker", "import", "--change",
-                               "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        proc = subprocess.run(["docker", "import", "--change", "ENV PATH=" + search,
                                "--change", 'CMD ["/usr/bin/python3"]', archive, tag],
                               capture_output=True, text=True)
         if proc.returncode != 0:
@@ -137,12 +138,15 @@ def _container(host):
     return docker.from_env().containers.get(ident)
 
 
-def ensure_image(host, *, repository: str = PYTHON_IMAGE, extra_paths: Iterable[str] = ()) -> str:
+def ensure_image(host, *, repository: str = PYTHON_IMAGE, extra_paths: Iterable[str] = (),
+                 path_first: Iterable[str] = ()) -> str:
     """The tag of an image of the lab host's own Python (and `extra_paths`) in the host's Docker engine, made on
-    the host when it lacks it. `host`: a LabHost, a container name or id, or a docker Container."""
+    the host when it lacks it. `path_first`: folders put before the usual ones on the image's PATH (a venv's bin,
+    so that `python3` is the venv's). `host`: a LabHost, a container name or id, or a docker Container."""
     container = _container(host)
     command = ["python3", "-c", SCRIPT, repository, *extra_paths]
-    result = container.exec_run(command)
+    search = ":".join([*path_first, *DEFAULT_PATH.split(":")])
+    result = container.exec_run(command, environment={"GPUPROV_IMAGE_PATH": search})
     output = result.output.decode(errors="replace").strip()
     if result.exit_code != 0 or not output:
         raise GpuprovError(f"making the nested image {repository} failed (exit code {result.exit_code})",

@@ -87,11 +87,23 @@ class LabState:
         raise KeyError(name)
 
 
+# What `invoke validate` needs on lab hosts (the `lab` group's `validate:`): they reach no package index, so the
+# suite's venv is built from the wheelhouse the controller's pip makes, with the CPU torch wheel its pip
+# configuration offers (lab hosts have no CUDA); GPUPROV_LAB_TORCH_VERSION names another release.
+LAB_TORCH_VERSION = os.environ.get("GPUPROV_LAB_TORCH_VERSION", "2.13")
+
+
+def lab_validate_vars() -> dict:
+    return {"torch_wheel": "cpu", "torch_version": LAB_TORCH_VERSION, "torch_index": ""}
+
+
 def inventory_document(hosts: list[LabHost], paths: LabPaths, lab_vars: dict | None = None) -> dict:
     """The native inventory for the lab hosts (data only; `render_inventory` adds the header).
 
-    lab_vars are the `lab` group's variables (the lab mirror's `mirror:` settings). Each profile's group carries
-    the profile's `vars` from profiles.yaml (`container_engine: docker` for the HGX profiles).
+    lab_vars are the `lab` group's variables (the lab mirror's `mirror:` settings); the group also gets
+    `validate:` (lab_validate_vars). Each host's `cluster_address` is its internal IP (the network the hosts
+    share, where the multi-node rendezvous runs). Each profile's group carries the profile's `vars` from
+    profiles.yaml (`container_engine: docker` for the HGX profiles).
     """
     from gpuprov.lab.profiles import load_profiles
 
@@ -107,11 +119,12 @@ def inventory_document(hosts: list[LabHost], paths: LabPaths, lab_vars: dict | N
                 "port": h.port,
                 "groups": ["lab", h.profile],
                 "vars": {"hardware": dict(h.hardware),
-                         "lab": {"profile": h.profile, "internal_ip": h.internal_ip}},
+                         "lab": {"profile": h.profile, "internal_ip": h.internal_ip},
+                         **({"cluster_address": h.internal_ip} if h.internal_ip else {})},
             }
             for h in hosts
         },
-        "groups": {"lab": {"vars": dict(lab_vars or {})},
+        "groups": {"lab": {"vars": {"validate": lab_validate_vars(), **(lab_vars or {})}},
                    **{p: {"vars": dict(known[p].vars) if p in known else {}} for p in profiles}},
     }
 

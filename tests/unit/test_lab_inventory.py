@@ -30,7 +30,8 @@ def test_inventory_document(tmp_path):
     host = doc["hosts"]["gpuprov-lab-01"]
     assert host == {"address": "127.0.0.1", "port": 42201, "groups": ["lab", "hgx-h100"],
                     "vars": {"hardware": {"gpu": "H100-SXM", "count": 8, "nvswitch": True},
-                             "lab": {"profile": "hgx-h100", "internal_ip": "172.20.0.2"}}}
+                             "lab": {"profile": "hgx-h100", "internal_ip": "172.20.0.2"},
+                             "cluster_address": "172.20.0.2"}}
     assert set(doc["groups"]) == {"lab", "hgx-h100", "l40s"}
     # the HGX profile's group asks for Docker (profiles.yaml); the L40S one does not
     assert doc["groups"]["hgx-h100"] == {"vars": {"container_engine": "docker"}}
@@ -48,6 +49,24 @@ def test_lab_inventory_loads_and_gives_the_hgx_host_docker(tmp_path):
     assert inventory.host("gpuprov-lab-01").vars["container_engine"] == "docker"
     assert inventory.host("gpuprov-lab-01").sources["container_engine"] == "group:hgx-h100"
     assert "container_engine" not in inventory.host("gpuprov-lab-02").vars
+
+
+def test_lab_inventory_gives_validate_what_lab_hosts_need(tmp_path):
+    """Lab hosts reach no index: a CPU torch from the controller's pip configuration; the rendezvous on the
+    internal network."""
+    from gpuprov.inventory import load_inventory
+    from gpuprov.validation.suite_config import validate_vars
+
+    paths = LabPaths(tmp_path)
+    paths.inventory.parent.mkdir(parents=True)
+    ensure_keypair(paths.key, "gpuprov-lab")
+    paths.inventory.write_text(render_inventory(HOSTS, paths, {"mirror": {"url": "http://172.20.0.9/"}}))
+    inventory = load_inventory(paths.inventory)
+    for name, address in (("gpuprov-lab-01", "172.20.0.2"), ("gpuprov-lab-02", "172.20.0.3")):
+        settings = validate_vars(inventory.host(name))
+        assert (settings.torch_wheel, settings.torch_version, settings.torch_index) == ("cpu", "2.13", "")
+        assert settings.cluster_address == address
+    assert inventory.host("gpuprov-lab-01").vars["mirror"] == {"url": "http://172.20.0.9/"}
 
 
 def test_known_hosts_lines_load_in_paramiko(tmp_path):
