@@ -44,6 +44,9 @@ from .core import FAIL, LEVELS, REGISTRY, SKIP, STATUSES, WARN, Check, Context, 
 SCHEMA = 1
 PACKAGE = __package__ or "smoke"
 HERE = Path(__file__).resolve().parent
+# The folder that must be on sys.path for `python -m PACKAGE` (/opt/gpuprov for "smoke", the repo for
+# "gpuprov.smoke").
+ROOT = HERE.parents[len(PACKAGE.split(".")) - 1]
 NOT_CHECKS = {"__init__", "__main__", "core", "runner"}
 GROUPS = ("host", "sizing", "software", "train", "infer", "perf", "tools")
 TORCH_GROUPS = ("train", "infer", "perf")   # the checks that import torch
@@ -145,9 +148,25 @@ def _exited(pid: int, timeout: float) -> bool:
     return False
 
 
-def _child(target, result_path: str, log_path: str) -> None:
+# Set when the runner's own process has loaded the CUDA driver (see fork_is_safe): a CUDA context does not
+# survive fork, so each check then runs in a fresh interpreter, `python -m PACKAGE ARGS --result FILE`.
+_exec_argv: list[str] | None = None
+
+
+def cuda_driver_loaded() -> bool:
+    """Whether this process has the CUDA driver library mapped (torch.cuda.is_available() and any CUDA call
+    load it; importing torch does not)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as handle:
+            return any("libcuda.so" in line for line in handle)
+    except OSError:
+        return False
+
+
+def _child(target, result_path: str, log_path: str, argv_tail: list[str] | None = None) -> None:
     """In the forked child: its own process group, stdin from /dev/null, output into the log, the result
-    written by `target(result_path)`; never returns."""
+    written by `target(result_path)` (or by a fresh interpreter running `argv_tail` when the runner may not be
+    forked into checks); never returns."""
     code = 1
     try:
         os.setpgid(0, 0)
@@ -160,6 +179,10 @@ def _child(target, result_path: str, log_path: str) -> None:
         os.dup2(log, 2)
         os.close(null)
         os.close(log)
+        if _exec_argv is not None and argv_tail is not None:
+            os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+            os.execv(sys.executable, [sys.executable, "-m", PACKAGE, *_exec_argv, *argv_tail,
+                                      "--result", result_path])
         target(result_path)
         code = 0
     except BaseException:  # noqa: BLE001 - whatever happens, the child must not return into the runner
@@ -172,11 +195,13 @@ def _child(target, result_path: str, log_path: str) -> None:
         os._exit(code)
 
 
-def run_isolated(target, timeout: float) -> tuple[dict | None, int | None, str, float]:
+def run_isolated(target, timeout: float, argv_tail: list[str] | None = None) -> tuple[dict | None, int | None, str,
+                                                                                 float]:
     """Run `target(result_path)` in a forked child, in a process group of its own, under `timeout`.
 
     The child is a fork of the runner, so what the runner imported (torch, once) is there without importing
-    it again; a hung child is killed at the timeout with everything it started. Returns (the JSON the child
+    it again; a hung child is killed at the timeout with everything it started. When forking is not safe
+    (`_exec_argv` set), the child runs `python -m PACKAGE ... argv_tail` instead. Returns (the JSON the child
     wrote at result_path or None, its exit code or None when it was killed at the timeout, its output's tail,
     seconds)."""
     with tempfile.TemporaryDirectory(prefix="gpuprov-smoke-") as tmp:
@@ -187,7 +212,7 @@ def run_isolated(target, timeout: float) -> tuple[dict | None, int | None, str, 
         start = time.monotonic()
         pid = os.fork()
         if pid == 0:
-            _child(target, result_path, log_path)
+            _child(target, result_path, log_path, argv_tail)
         with contextlib.suppress(OSError):
             os.setpgid(pid, pid)  # also here, so the group exists before the parent could kill it
         _current.append(pid)
@@ -230,7 +255,8 @@ def _valid(data, name: str) -> str | None:
 
 def run_check(check: Check, module: str, config: dict) -> Result:
     """Run one check in a forked child, in its own process group, under its timeout."""
-    data, rc, tail, seconds = run_isolated(lambda path: run_one(check.name, module, config, path), check.timeout)
+    data, rc, tail, seconds = run_isolated(lambda path: run_one(check.name, module, config, path), check.timeout,
+                                           ["--one", check.name, "--module", module])
     if rc is None:
         return Result(check.name, FAIL, f"timed out after {check.timeout:g} s" + (f" (last output: {tail})"
                                                                                     if tail else ""),
@@ -370,18 +396,36 @@ def _on_term(signum, frame):  # the controller gave up: take the running check's
     raise SystemExit(128 + signum)
 
 
-def preload_torch(versions: dict) -> bool:
+def preload_torch(versions: dict) -> str:
     """Import torch in the runner once, so that every check's forked child has it without paying the import
     (seconds each). Only after the version probe, a child, imported it cleanly: a torch that crashes or hangs on
     import takes down a child, never the runner. Importing torch does not initialise CUDA (that happens at the
-    first CUDA call, in a check's child), so forking after it is safe; the runner itself makes no torch call."""
+    first CUDA call, in a check's child), so forking after it is safe; the runner itself makes no torch call.
+    A CPU build (no CUDA to initialise at all) also gets torch._dynamo, which optimizers, DDP and torch.compile
+    import (a second or more each). Returns what was imported ("" for nothing)."""
     if not versions.get("torch") or versions.get("torch_error"):
-        return False
+        return ""
     try:
-        import torch  # noqa: F401
+        import torch
     except Exception:  # noqa: BLE001 - the checks import it again and report what goes wrong
-        return False
-    return True
+        return ""
+    if getattr(torch.version, "cuda", None) or getattr(torch.version, "hip", None):
+        return "torch"
+    try:
+        import torch._dynamo  # noqa: F401
+    except Exception:  # noqa: BLE001 - as above
+        return "torch"
+    return "torch, torch._dynamo"
+
+
+def fork_is_safe(config_path: str, level: str) -> bool:
+    """After the preload: fork checks from this process unless it has loaded the CUDA driver (then each check
+    runs in a fresh interpreter, as a CUDA context does not survive fork)."""
+    global _exec_argv
+    if not cuda_driver_loaded():
+        return True
+    _exec_argv = ["--config", config_path, "--level", level]
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -412,8 +456,12 @@ def main(argv: list[str] | None = None) -> int:
     data, rc, tail, _ = run_isolated(lambda path: versions_child(config, path), VERSIONS_TIMEOUT)
     versions = data if isinstance(data, dict) else {"python": platform.python_version(),
                                                       "error": f"version probe failed (exit {rc}): {tail}"}
-    if any(c.name.split(".")[0] in TORCH_GROUPS or c.name == "software" for c in checks):
-        preload_torch(versions)
+    preloaded = preload_torch(versions) if any(c.name.split(".")[0] in TORCH_GROUPS or c.name == "software"
+                                               for c in checks) else ""
+    forked = fork_is_safe(os.path.abspath(args.config), level)
+    how = (f"children forked after importing {preloaded}" if preloaded else "forked children") if forked else \
+        "fresh interpreters (the runner loaded the CUDA driver)"
+    _progress(f"checks run in {how}")
     results = list(failures)
     for check in checks:
         result = run_check(check, owners.get(check.name, ""), config)

@@ -322,3 +322,39 @@ def test_without_torch_checks_still_run_in_children(tmp_path):
                           cwd=root, env=env, capture_output=True, text=True, timeout=120)
     (forked,) = [r for r in json.loads(done.stdout)["results"] if r["check"] == "train.forked"]
     assert forked["status"] == "fail" and "ImportError: no torch here" in forked["reason"]
+
+
+DRIVER = """
+    import ctypes, os
+    # what a CUDA call in the runner would leave: the CUDA driver library mapped into the runner's process
+    ctypes.CDLL(os.path.join(os.path.dirname(__file__), "libcuda.so.1"))
+"""
+WHERE = """
+    import os
+    from .core import Result, check
+    from .runner import cuda_driver_loaded
+
+    @check("test.where", timeout=60)
+    def run(ctx):
+        return Result("test.where", "pass", "ran", {"driver_here": cuda_driver_loaded(), "runner": os.getppid()})
+"""
+
+
+def test_a_runner_that_loaded_the_cuda_driver_runs_checks_in_fresh_interpreters(tmp_path):
+    root = plain_suite(tmp_path)
+    (root / "smoke" / "where.py").write_text(textwrap.dedent(WHERE))
+    proc = start_plain(root, {"host": "h"}, "--only", "test.where")
+    out, err = proc.communicate(timeout=120)
+    (forked,) = [r for r in json.loads(out)["results"] if r["check"] == "test.where"]
+    assert forked["figures"] == {"driver_here": False, "runner": proc.pid} and "forked children" in err
+    # the same suite once the runner has a libcuda mapped (a copy of the C math library under its name)
+    libm = next(Path(p) for p in ("/lib/x86_64-linux-gnu/libm.so.6", "/lib/aarch64-linux-gnu/libm.so.6",
+                                  "/usr/lib64/libm.so.6", "/lib64/libm.so.6") if Path(p).exists())
+    shutil.copy(libm, root / "smoke" / "libcuda.so.1")
+    (root / "smoke" / "driver.py").write_text(textwrap.dedent(DRIVER))
+    proc = start_plain(root, {"host": "h"}, "--only", "test.where")
+    out, err = proc.communicate(timeout=120)
+    (fresh,) = [r for r in json.loads(out)["results"] if r["check"] == "test.where"]
+    # a fork would have inherited the mapping; a fresh interpreter (still the runner's child) has none
+    assert fresh["status"] == "pass" and fresh["figures"] == {"driver_here": False, "runner": proc.pid}, err
+    assert "fresh interpreters (the runner loaded the CUDA driver)" in err
