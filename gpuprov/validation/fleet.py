@@ -89,7 +89,8 @@ def peers(current: list[Sample], recent: list[Sample]) -> dict[str, dict[str, Sa
 
 
 def _fmt(value: float) -> str:
-    return f"{value:.1f}"
+    """One decimal for GPU-sized figures (712.4), four significant digits for small ones (CPU: 0.02418)."""
+    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.4g}"
 
 
 def judge(sample: Sample, group: dict[str, Sample], outlier_pct: float, strict: bool = False) -> list[dict]:

@@ -109,3 +109,12 @@ def test_apply_fleet_adds_results_to_this_runs_hosts(tmp_path):
     assert [r.results[-1]["status"] for r in runs] == ["pass", "pass", "fail"]
     assert failed.results == []
     assert list(tmp_path.iterdir()) == []
+
+
+def test_small_figures_keep_their_digits():
+    current = [Sample("cpu01", "H100-SXM (CPU, quick)", {"perf.matmul.fp32_tflops": 0.0714}),
+               Sample("cpu02", "H100-SXM (CPU, quick)", {"perf.matmul.fp32_tflops": 0.0299})]
+    slow = outliers(current, [], {"cpu01": 30.0, "cpu02": 30.0})["cpu02"][0]
+    # median of 0.0714 and 0.0299 = 0.05065; (0.05065 - 0.0299) / 0.05065 = 41.0 %
+    assert slow["status"] == "fail"
+    assert slow["reason"].startswith("fp32_tflops 0.0299 is 41.0% below the fleet median 0.05065 of 2 hosts")
