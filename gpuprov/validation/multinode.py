@@ -2,11 +2,13 @@
 rendezvous at the first host's cluster address (the per-host `cluster_address` variable, default the
 inventory address), NCCL on GPUs and gloo on CPUs.
 
-First every host proves it can join: the first host listens on the rendezvous port of its cluster address and
-every other host connects to it and says its name, so a host that cannot join is named, with why (its
-cluster address is not its own, the rendezvous is unreachable from it, it did not answer SSH, its suite
-environment failed). Only when every host joined does torchrun start on all of them at once; the all-reduce
-result is checked (an exact sum) and the bus bandwidth reported. Each host gets a `multinode.allreduce` result.
+First every host proves it can join: each checks that its cluster address is one of its own (a host whose
+address is not is named at once, and not waited for); then the first host listens on the rendezvous port of
+its cluster address and every other host connects to it and says its name, so a host that cannot join is
+named, with why (its cluster address is not its own, the rendezvous is unreachable from it, it did not answer
+SSH, its suite environment failed). Only when every host joined does torchrun start on all of them at once;
+the all-reduce result is checked (an exact sum) and the bus bandwidth reported. Each host gets a
+`multinode.allreduce` result.
 """
 
 from __future__ import annotations
@@ -64,6 +66,20 @@ while set(joined) < expected and time.monotonic() < deadline:
         c.close()
 s.close()
 print(json.dumps({"joined": joined}))
+"""
+
+OWN_ADDRESS = r"""
+import json, socket, sys
+own = sys.argv[1]
+try:
+    probe = socket.socket(socket.AF_INET6 if ":" in own else socket.AF_INET, socket.SOCK_STREAM)
+    probe.bind((own, 0))
+    probe.close()
+except OSError as exc:
+    print(json.dumps({"error": "its cluster_address %s is not an address of this host (%s)"
+                      % (own, exc.strerror or exc)}))
+    sys.exit(0)
+print(json.dumps({"own": True}))
 """
 
 CONNECTOR = r"""
@@ -180,13 +196,21 @@ def run_multinode(nodes: list[Node], hosts: list, settings, *, jump_of, port: in
     endpoint = f"{first.cluster_address}:{port}"
     summary = {"rendezvous": endpoint, "hosts": [n.name for n in nodes], "not_joined": {}, "status": "fail"}
 
-    def join(conn):
+    def own(conn):
+        """Phase 1 on every ready host: the worker file in place, and its cluster address really its own."""
         node = by_name[conn.host.name]
         remote = Remote(conn, step="multi-node")
         remote.write_text(worker_source(), f"{layout.multinode}/allreduce_worker.py", step="multi-node")
+        out = remote.run(_py(OWN_ADDRESS, node.cluster_address), sudo=False, timeout=60, step="multi-node join")
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    def join(conn):
+        """Phase 2: the first host listens for the others, which connect and say their names."""
+        node = by_name[conn.host.name]
+        remote = Remote(conn, step="multi-node")
         if node is first:
             command = _py(LISTENER, first.cluster_address, port, join_seconds + min(15, join_seconds),
-                          *[n.name for n in nodes[1:] if n.ready])
+                          *[n.name for n in joining[1:]])
         else:
             command = _py(CONNECTOR, first.cluster_address, port, node.name, node.cluster_address, join_seconds)
         out = remote.run(command, sudo=False, timeout=join_seconds + 60, step="multi-node join")
@@ -194,15 +218,25 @@ def run_multinode(nodes: list[Node], hosts: list, settings, *, jump_of, port: in
 
     ready = [n for n in nodes if n.ready]
     not_joined = {n.name: n.problem or "its validation did not reach the suite" for n in nodes if not n.ready}
+    joining: list[Node] = []
     if first.ready:
-        outcomes = {o.host.name: o for o in run_on_hosts([h for h in hosts if by_name[h.name].ready], join,
+        for outcome in run_on_hosts([h for h in hosts if by_name[h.name].ready], own, settings, jump_of=jump_of,
+                                    on_event=on_event):
+            if not outcome.ok:
+                not_joined[outcome.host.name] = outcome.error.message
+            elif outcome.value.get("error"):
+                not_joined[outcome.host.name] = outcome.value["error"]
+        joining = [n for n in ready if n.name not in not_joined]
+    if first in joining and len(joining) > 1:
+        # a host whose address is not its own cannot join: the rendezvous does not wait for it
+        outcomes = {o.host.name: o for o in run_on_hosts([h for h in hosts if by_name[h.name] in joining], join,
                                                          settings, jump_of=jump_of, on_event=on_event)}
         listener = outcomes[first.name]
         if not listener.ok:
             not_joined[first.name] = f"the rendezvous host failed: {listener.error.message}"
         elif listener.value.get("error"):
             not_joined[first.name] = f"the rendezvous host {listener.value['error']}"
-        for node in ready[1:]:
+        for node in joining[1:]:
             outcome = outcomes[node.name]
             if not outcome.ok:
                 not_joined[node.name] = outcome.error.message

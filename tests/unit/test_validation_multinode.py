@@ -87,6 +87,17 @@ def test_a_host_that_cannot_join_is_named(layout):
     assert "lab02 (its cluster_address 192.0.2.1" in outcome["results"]["lab01"]["reason"]
 
 
+def test_a_host_whose_address_is_not_its_own_is_not_waited_for(layout):
+    import time
+
+    nodes = [Node("lab01", "127.0.0.1", 1, "cpu", True), Node("lab02", "192.0.2.1", 1, "cpu", True)]
+    started = time.monotonic()
+    outcome = run_multinode(nodes, hosts("lab01", "lab02"), SETTINGS, jump_of=lambda h: None, port=free_port(),
+                            level="quick", layout=layout, run_on_hosts=local_run_on_hosts, join_seconds=30)
+    assert time.monotonic() - started < 15    # named at once, not after the 30 s join timeout
+    assert list(outcome["summary"]["not_joined"]) == ["lab02"]
+
+
 def test_an_unreachable_rendezvous_is_named(layout):
     port = free_port()
     with socket.socket() as busy:        # the first host cannot listen: the port is taken
