@@ -382,6 +382,9 @@ def validate_tables(hosts: list[dict], multinode: dict | None = None) -> None:
             for key in ("step", "command", "hint"):
                 if error.get(key):
                     out.print(styled(f"  {key}: {error[key]}"))
+            lines = [line for line in str(error.get("output") or "").splitlines() if line.strip()]
+            for line in lines[-3:]:
+                out.print(styled(f"  output: {line}"))
             continue
         table = Table(title=styled(title), title_justify="left")
         for column in ("check", "status", "figures", "reason"):

@@ -89,12 +89,15 @@ class LabState:
 
 # What `invoke validate` needs on lab hosts (the `lab` group's `validate:`): they reach no package index, so the
 # suite's venv is built from the wheelhouse the controller's pip makes, with the CPU torch wheel its pip
-# configuration offers (lab hosts have no CUDA); GPUPROV_LAB_TORCH_VERSION names another release.
+# configuration offers (lab hosts have no CUDA); GPUPROV_LAB_TORCH_VERSION names another release. Lab hosts are
+# containers without CAP_SYS_RESOURCE, so containers they start cannot raise their locked-memory limit
+# (`--ulimit memlock=-1` fails with "error setting rlimit type 8"): --image runs keep the engine's memlock.
 LAB_TORCH_VERSION = os.environ.get("GPUPROV_LAB_TORCH_VERSION", "2.13")
 
 
 def lab_validate_vars() -> dict:
-    return {"torch_wheel": "cpu", "torch_version": LAB_TORCH_VERSION, "torch_index": ""}
+    return {"torch_wheel": "cpu", "torch_version": LAB_TORCH_VERSION, "torch_index": "",
+            "image_ulimits": {"memlock": None}}
 
 
 def inventory_document(hosts: list[LabHost], paths: LabPaths, lab_vars: dict | None = None) -> dict:

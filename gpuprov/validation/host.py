@@ -158,7 +158,8 @@ def validate_host(conn, host, options: RunOptions, say: Callable[[str], None] = 
         suite_started = time.monotonic()
         document = run_suite(remote, suite_command(level=options.level, strict=options.strict,
                                                    only=list(options.only) if options.only else None,
-                                                   image=options.image, layout=layout), options.level)
+                                                   image=options.image, layout=layout,
+                                                   ulimits=settings.image_ulimits), options.level)
         run.suite_seconds = round(time.monotonic() - suite_started, 3)
         run.versions = document.get("versions") or {}
         run.results = document["results"]

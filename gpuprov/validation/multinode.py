@@ -127,6 +127,7 @@ class Node:
     device: str          # "cuda" | "cpu"
     ready: bool          # its suite environment is in place (the validation run reached the suite)
     problem: str = ""    # why it cannot join, when not ready
+    ulimits: dict | None = None   # its validate.image_ulimits (with --image)
 
 
 def worker_source() -> str:
@@ -154,8 +155,10 @@ def torchrun_command(node: Node, nodes: list[Node], *, port: int, rdzv_id: str, 
     iface = IFACE.format(addr=q(node.cluster_address))
     if image is None:
         return f"cd {q(layout.multinode)} || exit 1; {iface}; exec {q(layout.python)} " + " ".join(q(a) for a in run)
-    docker = ["docker", "run", "--rm", "--gpus", "all", "--network", "host", "--ipc=host", "--ulimit", "memlock=-1",
-              "--ulimit", "stack=67108864", "-v", f"{layout.multinode}:{layout.multinode}:ro", "-w", layout.multinode,
+    from gpuprov.validation.suite import DOCKER_FLAGS, ulimit_flags
+
+    docker = ["docker", "run", "--rm", *DOCKER_FLAGS, "--network", "host", *ulimit_flags(node.ulimits),
+              "-v", f"{layout.multinode}:{layout.multinode}:ro", "-w", layout.multinode,
               "-e", "GLOO_SOCKET_IFNAME", "-e", "NCCL_SOCKET_IFNAME", image, "python3", *run]
     return f"{iface}; exec " + " ".join(q(a) for a in docker)
 
@@ -299,7 +302,8 @@ def nodes_for(runs: list, hosts: list, settings_of) -> list[Node]:
     out = []
     for host, run in zip(hosts, runs, strict=True):
         try:
-            cluster = settings_of(host).cluster_address
+            settings = settings_of(host)
+            cluster = settings.cluster_address
         except GpuprovError as exc:
             out.append(Node(host.name, host.address, 1, "cpu", False, exc.message))
             continue
@@ -309,5 +313,6 @@ def nodes_for(runs: list, hosts: list, settings_of) -> list[Node]:
             continue
         cuda = bool(run.versions.get("cuda")) and bool(run.config.get("gpus_visible"))
         count = (run.config.get("expect") or {}).get("count") or 1
-        out.append(Node(host.name, cluster, int(count) if cuda else 1, "cuda" if cuda else "cpu", True))
+        out.append(Node(host.name, cluster, int(count) if cuda else 1, "cuda" if cuda else "cpu", True,
+                        ulimits=getattr(settings, "image_ulimits", None)))
     return out

@@ -14,7 +14,16 @@ from gpuprov.validation import LAYOUT, Layout
 
 SCHEMA = 1
 TIMEOUTS = {"quick": 900, "burn-in": 5400}   # seconds for the whole suite; each check has its own timeout
-DOCKER_FLAGS = ("--gpus", "all", "--ipc=host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864")
+# NVIDIA's flags for PyTorch containers: the GPUs, the host's IPC namespace (DataLoader shared memory), unlimited
+# locked memory (pinned buffers, NCCL) and a 64 MiB stack. The ulimits can be changed per host (validate.image_ulimits).
+DOCKER_FLAGS = ("--gpus", "all", "--ipc=host")
+ULIMITS = {"memlock": -1, "stack": 67108864}
+
+
+def ulimit_flags(ulimits: dict | None = None) -> list[str]:
+    """`--ulimit NAME=VALUE` for each limit (NVIDIA's unless `ulimits` overrides; None drops one)."""
+    chosen = {**ULIMITS, **(ulimits or {})}
+    return [part for name, value in chosen.items() if value is not None for part in ("--ulimit", f"{name}={value}")]
 
 
 def smoke_files() -> dict[str, bytes]:
@@ -76,7 +85,7 @@ def write_config(remote, config: dict, layout: Layout = LAYOUT) -> None:
 
 
 def suite_command(*, level: str, strict: bool, only: list[str] | None = None, image: str | None = None,
-                  layout: Layout = LAYOUT) -> str:
+                  layout: Layout = LAYOUT, ulimits: dict | None = None) -> str:
     """The command that runs the suite: in the host's venv, or in `image` through docker with the GPUs, the
     host's IPC namespace and unlimited locked memory (what NCCL and pinned memory need)."""
     q = shlex.quote
@@ -84,7 +93,7 @@ def suite_command(*, level: str, strict: bool, only: list[str] | None = None, im
             *(["--only", ",".join(only)] if only else [])]
     if image is None:
         return f"cd {q(layout.root)} && PYTHONDONTWRITEBYTECODE=1 {q(layout.python)} " + " ".join(q(a) for a in args)
-    docker = ["docker", "run", "--rm", *DOCKER_FLAGS, "-v", f"{layout.smoke}:{layout.smoke}:ro",
+    docker = ["docker", "run", "--rm", *DOCKER_FLAGS, *ulimit_flags(ulimits), "-v", f"{layout.smoke}:{layout.smoke}:ro",
               "-v", f"{layout.run}:{layout.run}:ro", "-w", layout.root, "-e", "PYTHONDONTWRITEBYTECODE=1",
               image, "python3", *args]
     return " ".join(q(a) for a in docker)

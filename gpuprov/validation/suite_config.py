@@ -12,7 +12,9 @@ checked here, naming the host and where the value came from):
                                      {H100-SXM: 85, default: 80}
       outlier_pct: 10                a figure more than this far below the fleet median fails
       textfile_dir: /var/lib/prometheus/node-exporter    node_exporter's textfile collector folder
-      image: nvcr.io/nvidia/pytorch:25.04-py3            image for the container check (and --image default)
+      image: nvcr.io/nvidia/pytorch:25.04-py3            image for the container check (host.container)
+      image_ulimits: {memlock: -1, stack: 67108864}      --ulimit flags of --image runs (NVIDIA's by default;
+                                     a number, -1 for unlimited, or null to leave the engine's default)
       shm_min_gib: 8                 /dev/shm size DataLoader workers need
       torch_wheel: cu128 | cpu       PyTorch wheel variant (default: the stack's); cpu on hosts without CUDA
       torch_version: "2.7" | latest  PyTorch release (default: the stack's, else latest)
@@ -42,9 +44,9 @@ DEFAULT_TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
 DEFAULT_SHM_MIN_GIB = 8.0
 DEFAULT_RDZV_PORT = 29400
 TORCH_INDEX = "https://download.pytorch.org/whl/{wheel}"
-VALIDATE_KEYS = ("threshold_pct", "outlier_pct", "textfile_dir", "image", "shm_min_gib", "torch_wheel",
-                 "torch_version", "torch_index", "rdzv_port", "sizing", "min_batching_gain", "dcgm_level",
-                 "burn_in_seconds", "nccl_tests")
+VALIDATE_KEYS = ("threshold_pct", "outlier_pct", "textfile_dir", "image", "image_ulimits", "shm_min_gib",
+                 "torch_wheel", "torch_version", "torch_index", "rdzv_port", "sizing", "min_batching_gain",
+                 "dcgm_level", "burn_in_seconds", "nccl_tests")
 SIZING_KEYS = ("cpu_cores_per_gpu", "memory_gib_per_gpu", "gpu_memory_gib")
 _PATH = re.compile(r"/[A-Za-z0-9_.+@/-]*")
 IMAGE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}")
@@ -60,6 +62,7 @@ class ValidateVars:
     outlier_pct: float = DEFAULT_OUTLIER_PCT
     textfile_dir: str = DEFAULT_TEXTFILE_DIR
     image: str | None = None
+    image_ulimits: dict | None = None
     shm_min_gib: float = DEFAULT_SHM_MIN_GIB
     torch_wheel: str | None = None
     torch_version: str | None = None
@@ -143,6 +146,17 @@ def validate_vars(host) -> ValidateVars:
             raise _bad(host, "validate.image", f"must be an image reference like repo/name:tag, not "
                                                f"{raw['image']!r}")
         out["image"] = raw["image"]
+    if raw.get("image_ulimits") is not None:
+        limits = raw["image_ulimits"]
+        if not isinstance(limits, dict) or not all(isinstance(k, str) and re.fullmatch(r"[a-z]+", k)
+                                                   for k in limits):
+            raise _bad(host, "validate.image_ulimits", "must be a mapping of ulimit names (memlock, stack, nofile) "
+                                                       "to numbers")
+        for name, value in limits.items():
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < -1):
+                raise _bad(host, f"validate.image_ulimits.{name}", f"must be a whole number (-1: unlimited) or "
+                                                                    f"null (the engine's default), not {value!r}")
+        out["image_ulimits"] = dict(limits)
     if "shm_min_gib" in raw:
         out["shm_min_gib"] = _number(host, "validate.shm_min_gib", raw["shm_min_gib"], 0)
     if raw.get("torch_wheel") is not None:

@@ -165,6 +165,8 @@ def test_threshold_per_gpu_model(tmp_path):
     ({"validate": {"image": "img; rm -rf /"}}, "must be an image reference"),
     ({"validate": {"sizing": {"cores": 8}}}, "must be a mapping with keys among cpu_cores_per_gpu"),
     ({"validate": {"dcgm_level": 5}}, "must be 1, 2, 3 or 4 (dcgmi diag -r)"),
+    ({"validate": {"image_ulimits": ["memlock"]}}, "must be a mapping of ulimit names"),
+    ({"validate": {"image_ulimits": {"memlock": "unlimited"}}}, "must be a whole number (-1: unlimited) or null"),
     ({"validate": {"nccl_tests": "all_reduce_perf"}}, "validate.nccl_tests (host): must be an absolute path"),
 ])
 def test_bad_variables_name_host_variable_and_source(tmp_path, variables, message):

@@ -120,7 +120,8 @@ def test_torchrun_command():
             "allreduce_worker.py --inventory-name gpu02 --size-mib 256 --iters 10") in command
     assert "is_host=1" in torchrun_command(nodes[0], nodes, port=29400, rdzv_id="x", level="quick")
     image = torchrun_command(nodes[0], nodes, port=29400, rdzv_id="x", level="burn-in", image="nvcr.io/x:1")
-    assert "docker run --rm --gpus all --network host --ipc=host" in image and "nvcr.io/x:1 python3 -m" in image
+    assert "docker run --rm --gpus all --ipc=host --network host --ulimit memlock=-1 --ulimit stack=67108864" in image
+    assert "nvcr.io/x:1 python3 -m" in image
     assert "--iters 100" in image
 
 
