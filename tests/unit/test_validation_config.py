@@ -184,3 +184,16 @@ def test_unknown_level_is_bad_input(inventory):
     host = inventory.host("gpuprov-lab-01")
     with pytest.raises(InputError, match="--level must be one of quick, burn-in"):
         build_config(host, facts(8), H100_STACK, validate_vars(host), level="slow")
+
+
+def test_the_example_inventory_documents_the_validate_variables():
+    from pathlib import Path
+
+    example = load_inventory(Path(__file__).resolve().parents[2] / "inventories" / "example.yaml")
+    for host in example.hosts.values():
+        validate_vars(host)          # every host's variables pass the checks
+    settings = validate_vars(example.host("hgx-01"))
+    assert (settings.workload, settings.data_dir, settings.cluster_address) == ("llm-finetune", "/data",
+                                                                                "10.1.1.11")
+    assert settings.threshold_for("H100-SXM") == 85 and settings.rdzv_port == 29500
+    assert validate_vars(example.host("hgx-02")).cluster_address == "10.1.0.12"   # default: the address
