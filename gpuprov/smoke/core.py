@@ -5,11 +5,18 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 PASS, FAIL, SKIP, WARN = "pass", "fail", "skip", "warn"
 STATUSES = (PASS, FAIL, SKIP, WARN)
 LEVELS = ("quick", "burn-in")
+
+PACKAGE = __package__ or "smoke"
+SUITE_DIR = Path(__file__).resolve().parent
+# The folder that must be on sys.path for `python -m PACKAGE` (/opt/gpuprov for "smoke", the repo for
+# "gpuprov.smoke").
+ROOT = SUITE_DIR.parents[len(PACKAGE.split(".")) - 1]
 
 
 @dataclasses.dataclass
@@ -73,3 +80,12 @@ class Context:
         except subprocess.TimeoutExpired:
             return 124, "", f"{' '.join(argv)}: timed out after {timeout:g} s"
         return done.returncode, done.stdout, done.stderr
+
+
+def version_matches(expected: object, actual: str | None) -> bool:
+    """On the components `expected` gives: `570.148.08` equals exactly; `570` or `570.148` (`12.8`) matches the
+    versions it starts (570.148.08; 12.8.1, not 12.80). No version matches nothing."""
+    if actual is None:
+        return False
+    want = str(expected).split(".")
+    return actual.split(".")[: len(want)] == want

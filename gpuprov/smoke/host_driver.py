@@ -15,7 +15,7 @@ import re
 import time
 
 from . import nvsmi
-from .core import FAIL, PASS, SKIP, Result, check
+from .core import FAIL, PASS, SKIP, Result, check, version_matches
 
 NAME = "host.driver"
 PROC_VERSION = "/proc/driver/nvidia/version"
@@ -32,12 +32,6 @@ def kernel_module(path: str | None = None) -> dict | None:
     if not match:
         return None
     return {"version": match.group(2), "flavour": "open" if match.group(1) else "proprietary"}
-
-
-def matches(expected: str, actual: str) -> bool:
-    """`570.148.08` equals exactly; a branch (`570`) or `570.148` matches the versions it starts."""
-    want = str(expected).split(".")
-    return actual.split(".")[: len(want)] == want
 
 
 @check(NAME, timeout=60)
@@ -60,7 +54,7 @@ def run(ctx) -> Result:
     if not expected:
         return Result(NAME, SKIP, f"driver {found} loaded; the config names no provisioned driver version",
                       figures, thresholds, seconds)
-    if not matches(expected, found):
+    if not version_matches(expected, found):
         return Result(NAME, FAIL, f"driver {found} is loaded, {expected} was provisioned", figures, thresholds,
                       seconds)
     return Result(NAME, PASS, f"driver {found}, as provisioned; kernel module and libraries agree", figures,

@@ -39,16 +39,7 @@ def best_links(reports: list[dict]) -> dict[str, dict]:
 def run(ctx) -> Result:
     start = time.monotonic()
     try:
-        idle = nvsmi.query_xml(ctx)  # first without a load: nothing to load when nvidia-smi cannot answer
-        reports = [idle]
-        with load.GpuLoad() as gpu_load:
-            if gpu_load.active:
-                reports = []
-                time.sleep(SETTLE_SECONDS)
-                for index in range(SAMPLES):
-                    if index:
-                        time.sleep(INTERVAL_SECONDS)
-                    reports.append(nvsmi.query_xml(ctx))
+        reports, gpu_load = load.sample_xml(ctx, SETTLE_SECONDS, SAMPLES, INTERVAL_SECONDS)
     except nvsmi.SmiError as error:
         return nvsmi.unavailable(ctx, NAME, error, time.monotonic() - start)
     links = best_links(reports)

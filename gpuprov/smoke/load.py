@@ -89,3 +89,21 @@ class GpuLoad:
 
     def __exit__(self, *exc_info) -> None:
         self._halt()
+
+
+def sample_xml(ctx, settle: float, samples: int, interval: float) -> tuple[list[dict], GpuLoad]:
+    """`nvidia-smi -q -x` reports read under a GpuLoad: first one at idle (so a failing nvidia-smi raises before
+    anything is loaded), then, when the load runs, `samples` reads `interval` s apart after `settle` s, which
+    replace the idle one. Returns (the reports, the load, whose `active` and `reason` say which); raises SmiError."""
+    from . import nvsmi
+
+    reports = [nvsmi.query_xml(ctx)]
+    with GpuLoad() as gpu_load:
+        if gpu_load.active:
+            reports = []
+            time.sleep(settle)
+            for index in range(samples):
+                if index:
+                    time.sleep(interval)
+                reports.append(nvsmi.query_xml(ctx))
+    return reports, gpu_load

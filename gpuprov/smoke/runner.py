@@ -1,6 +1,6 @@
 """The suite's runner: `python -m smoke --config FILE [--only a,b] [--level quick|burn-in] [--strict]`.
 
-It imports every module of the suite's folder (all `*.py` but core, runner and __main__: the suite is a plain
+It imports every module of the suite's folder (all `*.py` but core, isolation, runner and __main__: the suite is a plain
 folder on the host, so the file listing is the registry's source), selects the registered checks for the level
 (and `--only`: exact names or a group prefix such as `host`), and runs each in a child forked from the runner, in its
 own process group, under the check's timeout (the runner imports torch once, after a child showed it imports,
@@ -22,7 +22,6 @@ status: 0 when no result failed, 1 when one did, 2 for bad usage (unreadable con
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import importlib
 import importlib.metadata
@@ -33,37 +32,30 @@ import re
 import signal
 import socket
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
-from select import select as _readable
 
-from .core import FAIL, LEVELS, REGISTRY, SKIP, STATUSES, WARN, Check, Context, Result
+from .core import FAIL, LEVELS, PACKAGE, REGISTRY, SKIP, STATUSES, SUITE_DIR, WARN, Check, Context, Result
+from .isolation import fork_is_safe, on_term, run_isolated
 
 SCHEMA = 1
-PACKAGE = __package__ or "smoke"
-HERE = Path(__file__).resolve().parent
-# The folder that must be on sys.path for `python -m PACKAGE` (/opt/gpuprov for "smoke", the repo for
-# "gpuprov.smoke").
-ROOT = HERE.parents[len(PACKAGE.split(".")) - 1]
-NOT_CHECKS = {"__init__", "__main__", "core", "runner"}
+NOT_CHECKS = {"__init__", "__main__", "core", "isolation", "runner"}
 GROUPS = ("host", "sizing", "software", "train", "infer", "perf", "tools")
 TORCH_GROUPS = ("train", "infer", "perf")   # the checks that import torch
 VERSIONS_TIMEOUT = 120
-KILL_WAIT = 10
 
 
 class UsageError(Exception):
     """Bad arguments or config: exit 2."""
 
 
-def module_names(folder: Path = HERE) -> list[str]:
+def module_names(folder: Path = SUITE_DIR) -> list[str]:
     """The suite's modules other than the runner's own, by file listing."""
     return sorted(p.stem for p in folder.glob("*.py") if p.stem not in NOT_CHECKS and not p.stem.startswith("."))
 
 
-def discover(folder: Path = HERE) -> tuple[dict[str, str], list[Result]]:
+def discover(folder: Path = SUITE_DIR) -> tuple[dict[str, str], list[Result]]:
     """Import every module; returns (check name -> module name, a fail result per module that did not import)."""
     failures = []
     for name in module_names(folder):
@@ -99,141 +91,6 @@ def select(level: str, only: str | None) -> list[Check]:
             wanted |= matched
         chosen = [c for c in chosen if c.name in wanted]
     return sorted(chosen, key=_order)
-
-
-def _kill_group(pid: int) -> None:
-    """Kill a check's whole process group (it and anything it started)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-
-
-def _tail(path: str, lines: int = 3) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            text = handle.read()
-    except OSError:
-        return ""
-    kept = [line.strip() for line in text.splitlines() if line.strip()]
-    return " | ".join(kept[-lines:])[-600:]
-
-
-_current: list[int] = []   # the process group of the check running now (the SIGTERM handler kills it)
-
-
-def _exited(pid: int, timeout: float) -> bool:
-    """Wait up to `timeout` seconds for the child to exit, without reaping it (so its pid, which names its
-    process group, stays reserved until the group is killed). True when it exited."""
-    deadline = time.monotonic() + timeout
-    opener = getattr(os, "pidfd_open", None)
-    if opener is not None:
-        try:
-            fd = opener(pid)
-        except OSError:
-            fd = None
-        if fd is not None:
-            try:
-                while True:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return False
-                    with contextlib.suppress(InterruptedError):
-                        if _readable([fd], [], [], left)[0]:
-                            return True
-            finally:
-                os.close(fd)
-    while time.monotonic() < deadline:   # no pidfd (kernel before 5.3): poll
-        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-            return True
-        time.sleep(0.02)
-    return False
-
-
-# Set when the runner's own process has loaded the CUDA driver (see fork_is_safe): a CUDA context does not
-# survive fork, so each check then runs in a fresh interpreter, `python -m PACKAGE ARGS --result FILE`.
-_exec_argv: list[str] | None = None
-
-
-def cuda_driver_loaded() -> bool:
-    """Whether this process has the CUDA driver library mapped (torch.cuda.is_available() and any CUDA call
-    load it; importing torch does not)."""
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as handle:
-            return any("libcuda.so" in line for line in handle)
-    except OSError:
-        return False
-
-
-def _child(target, result_path: str, log_path: str, argv_tail: list[str] | None = None) -> None:
-    """In the forked child: its own process group, stdin from /dev/null, output into the log, the result
-    written by `target(result_path)` (or by a fresh interpreter running `argv_tail` when the runner may not be
-    forked into checks); never returns."""
-    code = 1
-    try:
-        os.setpgid(0, 0)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        null = os.open(os.devnull, os.O_RDONLY)
-        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(null)
-        os.close(log)
-        if _exec_argv is not None and argv_tail is not None:
-            os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-            os.execv(sys.executable, [sys.executable, "-m", PACKAGE, *_exec_argv, *argv_tail,
-                                      "--result", result_path])
-        target(result_path)
-        code = 0
-    except BaseException:  # noqa: BLE001 - whatever happens, the child must not return into the runner
-        with contextlib.suppress(BaseException):
-            traceback.print_exc()
-    finally:
-        with contextlib.suppress(BaseException):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
-
-
-def run_isolated(target, timeout: float, argv_tail: list[str] | None = None) -> tuple[dict | None, int | None, str,
-                                                                                 float]:
-    """Run `target(result_path)` in a forked child, in a process group of its own, under `timeout`.
-
-    The child is a fork of the runner, so what the runner imported (torch, once) is there without importing
-    it again; a hung child is killed at the timeout with everything it started. When forking is not safe
-    (`_exec_argv` set), the child runs `python -m PACKAGE ... argv_tail` instead. Returns (the JSON the child
-    wrote at result_path or None, its exit code or None when it was killed at the timeout, its output's tail,
-    seconds)."""
-    with tempfile.TemporaryDirectory(prefix="gpuprov-smoke-") as tmp:
-        result_path = os.path.join(tmp, "result.json")
-        log_path = os.path.join(tmp, "output.log")
-        sys.stdout.flush()
-        sys.stderr.flush()
-        start = time.monotonic()
-        pid = os.fork()
-        if pid == 0:
-            _child(target, result_path, log_path, argv_tail)
-        with contextlib.suppress(OSError):
-            os.setpgid(pid, pid)  # also here, so the group exists before the parent could kill it
-        _current.append(pid)
-        try:
-            rc = None
-            if _exited(pid, timeout):
-                status = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
-                rc = status.si_status if status.si_code == os.CLD_EXITED else -status.si_status
-        finally:
-            _kill_group(pid)   # also what the check left running
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
-            _current.remove(pid)
-        seconds = time.monotonic() - start
-        data = None
-        try:
-            with open(result_path, encoding="utf-8") as handle:
-                data = json.load(handle)
-        except (OSError, ValueError):
-            data = None
-        return data, rc, _tail(log_path), seconds
 
 
 def _valid(data, name: str) -> str | None:
@@ -390,12 +247,6 @@ def _progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _on_term(signum, frame):  # the controller gave up: take the running check's process group down with us
-    for pid in list(_current):
-        _kill_group(pid)
-    raise SystemExit(128 + signum)
-
-
 def preload_torch(versions: dict) -> str:
     """Import torch in the runner once, so that every check's forked child has it without paying the import
     (seconds each). Only after the version probe, a child, imported it cleanly: a torch that crashes or hangs on
@@ -416,16 +267,6 @@ def preload_torch(versions: dict) -> str:
     except Exception:  # noqa: BLE001 - as above
         return "torch"
     return "torch, torch._dynamo"
-
-
-def fork_is_safe(config_path: str, level: str) -> bool:
-    """After the preload: fork checks from this process unless it has loaded the CUDA driver (then each check
-    runs in a fresh interpreter, as a CUDA context does not survive fork)."""
-    global _exec_argv
-    if not cuda_driver_loaded():
-        return True
-    _exec_argv = ["--config", config_path, "--level", level]
-    return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -452,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{check.name}\ttimeout {check.timeout:g} s\tlevels {','.join(check.levels)}")
         return 0
     strict = bool(args.strict or config.get("strict"))
-    signal.signal(signal.SIGTERM, _on_term)
+    signal.signal(signal.SIGTERM, on_term)
     data, rc, tail, _ = run_isolated(lambda path: versions_child(config, path), VERSIONS_TIMEOUT)
     versions = data if isinstance(data, dict) else {"python": platform.python_version(),
                                                       "error": f"version probe failed (exit {rc}): {tail}"}

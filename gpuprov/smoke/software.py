@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from .core import FAIL, PASS, SKIP, Result, check
+from .core import FAIL, PASS, SKIP, Result, check, version_matches
 
 NAME = "software"
 
@@ -54,13 +54,6 @@ def torch_versions() -> dict:
     return out
 
 
-def matches(expected, actual: str | None) -> bool:
-    if actual is None:
-        return False
-    want = str(expected).split(".")
-    return actual.split(".")[: len(want)] == want
-
-
 @check(NAME, timeout=120)
 def run(ctx) -> Result:
     start = time.monotonic()
@@ -76,7 +69,7 @@ def run(ctx) -> Result:
                       + (f" (expected {', '.join(f'{k} {v}' for k, v in thresholds.items())})" if thresholds else ""),
                       versions, thresholds, seconds)
     wrong = [f"{key} {versions[key] or 'none'} where the stack promised {want}"
-             for key, want in thresholds.items() if not matches(want, versions[key])]
+             for key, want in thresholds.items() if not version_matches(want, versions[key])]
     if wrong:
         return Result(NAME, FAIL, f"torch {versions['torch']} reports " + "; ".join(wrong), versions, thresholds,
                       seconds)

@@ -8,12 +8,10 @@ so the suite imports (and lists its checks) on a host without torch.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import os
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -23,6 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .core import FAIL, PASS, SKIP, Result
+from .isolation import kill_group
 
 LOSS_WINDOW = 3           # steps averaged at each end of a training run
 MAX_LOSS_RATIO = 0.9      # the last steps' mean loss must be at most this fraction of the first steps'
@@ -408,18 +407,13 @@ def run_group(argv: list[str], timeout: float, env: dict | None = None) -> tuple
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(process)
+        kill_group(process.pid)
         out, err = process.communicate()
         return 124, out, f"{err}\n{' '.join(argv[:4])} ...: timed out after {timeout:g} s"
     except BaseException:
-        _kill_group(process)
+        kill_group(process.pid)
         raise
     return process.returncode, out, err
-
-
-def _kill_group(process: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
 
 
 def tail(text: str, lines: int = 6) -> str:

@@ -24,7 +24,6 @@ FIGURES = {
 }
 RECENT_DAYS = 7
 RECENT_REPORTS = 50
-MIN_HOSTS = 2
 
 
 @dataclass(frozen=True)
@@ -93,8 +92,13 @@ def _fmt(value: float) -> str:
     return f"{value:.1f}" if abs(value) >= 10 else f"{value:.4g}"
 
 
+def _peers(count: int) -> str:
+    return f"{count} other host" + ("s" if count != 1 else "")
+
+
 def judge(sample: Sample, group: dict[str, Sample], outlier_pct: float, strict: bool = False) -> list[dict]:
-    """One result per compared check (`fleet.perf.matmul`, ...) for a host of this run."""
+    """One result per compared check (`fleet.perf.matmul`, ...) for a host of this run, each figure against
+    the median of its peers (the group's other hosts: a host is never its own peer)."""
     results = []
     checks: dict[str, list[str]] = {}
     for key in sample.figures:
@@ -105,16 +109,18 @@ def judge(sample: Sample, group: dict[str, Sample], outlier_pct: float, strict: 
         compared = 0
         for name in names:
             key = f"{check}.{name}"
-            values = [s.figures[key] for s in group.values() if isinstance(s.figures.get(key), int | float)]
+            values = [s.figures[key] for s in group.values()
+                      if s.host != sample.host and isinstance(s.figures.get(key), int | float)]
             value = sample.figures[key]
             figures[name] = value
-            if len(values) < MIN_HOSTS:
+            if not values:
                 continue
             compared = max(compared, len(values))
             median = statistics.median(values)
             figures[f"{name}_fleet_median"] = median
             below = (median - value) / median * 100 if median > 0 else 0.0
-            text = f"{name} {_fmt(value)} is {below:.1f}% below the fleet median {_fmt(median)} of {len(values)} hosts"
+            text = (f"{name} {_fmt(value)} is {below:.1f}% below the fleet median {_fmt(median)} of "
+                    f"{_peers(len(values))}")
             if below > outlier_pct:
                 failures.append(text)
             else:
@@ -124,8 +130,8 @@ def judge(sample: Sample, group: dict[str, Sample], outlier_pct: float, strict: 
             status, reason = "fail", "; ".join(failures) + f" (more than {outlier_pct:g}% below: an outlier among "\
                                                            f"{sample.group} hosts)"
         elif within:
-            status, reason = "pass", f"within {outlier_pct:g}% of the fleet median of {compared} {sample.group} " \
-                                     f"hosts: " + ", ".join(within)
+            status, reason = "pass", f"within {outlier_pct:g}% of the fleet median of {_peers(compared)} " \
+                                     f"({sample.group}): " + ", ".join(within)
         else:
             status, reason = "skip", f"no other {sample.group} host to compare with (this run and validate " \
                                      f"reports of the last {RECENT_DAYS} days)"

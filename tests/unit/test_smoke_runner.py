@@ -181,7 +181,7 @@ def plain_suite(tmp_path: Path, hang_timeout: float = 2) -> Path:
     """A folder /…/suite/smoke/ with the suite's core files and the test modules: how a host holds it."""
     folder = tmp_path / "suite" / "smoke"
     folder.mkdir(parents=True)
-    for name in ("__init__.py", "__main__.py", "core.py", "runner.py"):
+    for name in ("__init__.py", "__main__.py", "core.py", "isolation.py", "runner.py"):
         shutil.copy(SUITE / name, folder / name)
     (folder / "hang.py").write_text(textwrap.dedent(HANG.format(timeout=hang_timeout)))
     for name, text in MODULES.items():
@@ -332,7 +332,7 @@ DRIVER = """
 WHERE = """
     import os
     from .core import Result, check
-    from .runner import cuda_driver_loaded
+    from .isolation import cuda_driver_loaded
 
     @check("test.where", timeout=60)
     def run(ctx):

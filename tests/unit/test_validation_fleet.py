@@ -1,6 +1,7 @@
 """Fleet outliers: figures against the median of the same GPU model in this run and recent reports.
 
-Expected numbers are worked out by hand: median(100, 98, 85) = 98; (98 - 85) / 98 = 13.27 % -> "13.3%"."""
+A host is compared with its peers, never with itself. Expected numbers are worked out by hand: the peers of
+the 85 host are 100 and 98, median 99; (99 - 85) / 99 = 14.14 % -> "14.1%"."""
 
 from __future__ import annotations
 
@@ -25,18 +26,28 @@ def test_the_slow_host_fails_with_both_numbers_though_above_its_datasheet_thresh
     found = outliers(current, [], {"gpu01": 10.0, "gpu02": 10.0, "gpu03": 10.0})
     slow = found["gpu03"][0]
     assert slow["check"] == "fleet.perf.matmul" and slow["status"] == "fail"
-    assert "bf16_tflops 85.0 is 13.3% below the fleet median 98.0 of 3 hosts" in slow["reason"]
-    assert slow["figures"] == {"bf16_tflops": 85.0, "bf16_tflops_fleet_median": 98.0}
-    assert slow["thresholds"] == {"max_below_fleet_median_pct": 10.0, "hosts": 3}
+    assert "bf16_tflops 85.0 is 14.1% below the fleet median 99.0 of 2 other hosts" in slow["reason"]
+    assert slow["figures"] == {"bf16_tflops": 85.0, "bf16_tflops_fleet_median": 99.0}
+    assert slow["thresholds"] == {"max_below_fleet_median_pct": 10.0, "hosts": 2}
     assert [found[h][0]["status"] for h in ("gpu01", "gpu02")] == ["pass", "pass"]
-    assert "within 10% of the fleet median of 3" in found["gpu01"][0]["reason"]
+    assert "within 10% of the fleet median of 2 other hosts" in found["gpu01"][0]["reason"]
+
+
+def test_two_hosts_15_percent_apart_flag_the_slow_one():
+    # the median of its one peer: (100 - 85) / 100 = 15 % below; the fast host is above its peer
+    current = [Sample("gpu01", GROUP, {"perf.matmul.bf16_tflops": 100.0}),
+               Sample("gpu02", GROUP, {"perf.matmul.bf16_tflops": 85.0})]
+    found = outliers(current, [], {"gpu01": 10.0, "gpu02": 10.0})
+    assert [found[h][0]["status"] for h in ("gpu01", "gpu02")] == ["pass", "fail"]
+    assert found["gpu02"][0]["reason"].startswith("bf16_tflops 85.0 is 15.0% below the fleet median 100.0 of "
+                                                 "1 other host")
 
 
 def test_the_outlier_threshold_is_per_host():
     current = [Sample(name, GROUP, {"perf.matmul.bf16_tflops": v}) for name, v in
                (("gpu01", 100.0), ("gpu02", 98.0), ("gpu03", 85.0))]
     found = outliers(current, [], {"gpu01": 10.0, "gpu02": 10.0, "gpu03": 15.0})
-    assert found["gpu03"][0]["status"] == "pass"   # 13.3 % below is within 15 %
+    assert found["gpu03"][0]["status"] == "pass"   # 14.1 % below is within 15 %
 
 
 def test_a_lone_host_is_skipped_and_strict_fails_it():
@@ -71,11 +82,11 @@ def test_recent_reports_are_peers_and_this_run_replaces_a_hosts_older_figure(tmp
     (tmp_path / "validate-broken.json").write_text("{")
     recent = recent_samples(tmp_path, now=now)
     assert sorted(s.host for s in recent) == ["gpu01", "gpu02", "gpu04"]
-    # this run: gpu01 100 (its 60 from the report no longer counts), gpu03 85; peers 100, 98, 99, 85 -> 98.5
+    # this run: gpu01 100 (its 60 from the report no longer counts), gpu03 85; gpu03's peers 100, 98, 99 -> 99
     current = [Sample("gpu01", GROUP, {"perf.matmul.bf16_tflops": 100.0}),
                Sample("gpu03", GROUP, {"perf.matmul.bf16_tflops": 85.0})]
     found = outliers(current, recent, {"gpu01": 10.0, "gpu03": 10.0})
-    assert "85.0 is 13.7% below the fleet median 98.5 of 4 hosts" in found["gpu03"][0]["reason"]
+    assert "85.0 is 14.1% below the fleet median 99.0 of 3 other hosts" in found["gpu03"][0]["reason"]
     assert found["gpu01"][0]["status"] == "pass"
 
 
@@ -115,6 +126,6 @@ def test_small_figures_keep_their_digits():
     current = [Sample("cpu01", "H100-SXM (CPU, quick)", {"perf.matmul.fp32_tflops": 0.0714}),
                Sample("cpu02", "H100-SXM (CPU, quick)", {"perf.matmul.fp32_tflops": 0.0299})]
     slow = outliers(current, [], {"cpu01": 30.0, "cpu02": 30.0})["cpu02"][0]
-    # median of 0.0714 and 0.0299 = 0.05065; (0.05065 - 0.0299) / 0.05065 = 41.0 %
+    # its one peer: 0.0714; (0.0714 - 0.0299) / 0.0714 = 58.1 %
     assert slow["status"] == "fail"
-    assert slow["reason"].startswith("fp32_tflops 0.0299 is 41.0% below the fleet median 0.05065 of 2 hosts")
+    assert slow["reason"].startswith("fp32_tflops 0.0299 is 58.1% below the fleet median 0.0714 of 1 other host")
