@@ -71,8 +71,9 @@ def test_a_bare_host_gets_the_package_the_files_and_the_timers():
              "units": {"apt-daily.timer": "masked", "apt-daily-upgrade.timer": "disabled"}, "files": {}}
     summaries = [c.summary for c in updates.changes(facts)]
     assert summaries == ["install unattended-upgrades",
-                         f"create {updates.AUTO_UPGRADES} (daily unattended security upgrades)",
-                         f"create {pins.UNATTENDED} (NVIDIA packages blacklisted, as provision holds them)",
+                         "create /etc/apt/apt.conf.d/21gpuprov-auto-upgrades (daily unattended security upgrades)",
+                         "create /etc/apt/apt.conf.d/51gpuprov-unattended-upgrades (NVIDIA packages blacklisted, as "
+                         "provision holds them)",
                          "enable apt-daily.timer, apt-daily-upgrade.timer (they start apt's daily runs)"]
 
 
