@@ -63,6 +63,8 @@ def _firewall(facts: dict, aspect: str, ruleset: str) -> str:
         differs = nft.state(facts, ruleset)
         keys = ("ruleset", "live") if aspect == "live" else ("ruleset", "boot")
         found = [differs[key] for key in keys if key in differs]
+        if aspect == "persisted" and not facts.get("systemd"):
+            found.append("nothing loads it at boot (no systemd)")
         return "; ".join(found) if found else MATCHES
     if aspect == "published_guard":
         guard = re.search(r"hook forward priority filter - \d+;", table or "") and "ct status dnat jump" in table

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import shlex
 from functools import cache
 from importlib import resources
@@ -76,6 +77,10 @@ def parse_controller(text: str) -> dict | None:
     """`SSH_CONNECTION` (client address, client port, server address, server port) -> where gpuprov comes from."""
     fields = text.split()
     if len(fields) != 4 or not fields[3].isdigit():
+        return None
+    try:
+        ipaddress.ip_address(fields[0])
+    except ValueError:
         return None
     return {"address": fields[0], "port": int(fields[3])}
 

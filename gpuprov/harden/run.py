@@ -142,7 +142,7 @@ def _apply(conn, run: HardenRun, changes: list, policy: HardenPolicy, ruleset: s
     wrong = [r.control.id for r in results if r.status == "fail"]
     if guard and wrong:
         run.guard = revert_now(conn, guard, armed_before, "the effective configuration is not the policy: "
-                               + ", ".join(wrong))
+                               + ", ".join(wrong) + _earlier_dropins(run.facts_after, wrong))
     elif guard:
         run.guard = confirm(conn, guard, armed_before)
     if run.guard and run.guard.rolled_back:
@@ -155,6 +155,17 @@ def _apply(conn, run: HardenRun, changes: list, policy: HardenPolicy, ruleset: s
         finally:
             fresh.close()
     run.controls = [r.to_dict() for r in audit(run.facts_after, policy, ruleset, options.only)]
+
+
+def _earlier_dropins(facts: dict, wrong: list[str]) -> str:
+    """Where an sshd setting that did not take effect may come from: drop-ins read before gpuprov's."""
+    name = sshd.DROPIN.rsplit("/", 1)[1]
+    earlier = [f for f in facts.get("sshd_dropins") or [] if f.endswith(".conf") and f < name]
+    if not any(control.startswith("ssh-") for control in wrong):
+        return ""
+    return (f" (sshd keeps the first value it reads: {', '.join(earlier)} in {sshd.DROPIN_DIR} sort before "
+            f"{name}; and /etc/ssh/sshd_config must Include {sshd.DROPIN_DIR}/*.conf before its own settings)"
+            if earlier else f" (/etc/ssh/sshd_config must Include {sshd.DROPIN_DIR}/*.conf before its own settings)")
 
 
 def _guard(guarded: list, seconds: int) -> Guard | None:

@@ -150,7 +150,8 @@ def test_a_result_that_is_not_the_policy_is_reverted_at_once(tmp_path, monkeypat
     host = FakeHost(monkeypatch, before, after)
     run = harden()
     assert run.status == "rolled back" and host.confirms == 0
-    assert host.reverts == ["the effective configuration is not the policy: ssh-password-authentication"]
+    assert host.reverts == ["the effective configuration is not the policy: ssh-password-authentication "
+                            "(/etc/ssh/sshd_config must Include /etc/ssh/sshd_config.d/*.conf before its own settings)"]
 
 
 def test_check_changes_nothing_and_reports_every_control(tmp_path, monkeypatch):
