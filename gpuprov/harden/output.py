@@ -34,16 +34,16 @@ def print_hosts(runs: list[dict], dry_run: bool) -> None:
                 if run["error"].get(key):
                     out.print(f"  {key}: " + literal_lines(run["error"][key]).replace("\n", "\n    "))
         for reason in run.get("refusals") or []:
-            out.print(styled(f"{host}: refused: ", "bold red"), styled(reason))
+            out.print(styled(f"{host}: refused:", "bold red"), styled(reason))
         if run.get("refusals"):
             out.print(f"{host}: nothing was changed; --i-have-console-access applies it anyway (the host still "
                       "reverts it when gpuprov cannot connect again)")
         for reason in run.get("overridden") or []:
-            out.print(styled(f"{host}: would lock gpuprov out (--i-have-console-access): ", "yellow"), styled(reason))
+            out.print(styled(f"{host}: would lock gpuprov out (--i-have-console-access):", "yellow"), styled(reason))
         guard = run.get("guard")
         if guard:
             style = "green" if guard["result"] == "confirmed" else "bold red"
-            out.print(styled(f"{host}: {guard['result']}: ", style), styled(guard["detail"]))
+            out.print(styled(f"{host}: {guard['result']}:", style), styled(guard["detail"]))
             for line in (guard.get("log") or "").splitlines():
                 out.print(f"    {literal(line)}")
         if not dry_run or not run.get("plan"):
