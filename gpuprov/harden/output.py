@@ -68,7 +68,7 @@ def controls_table(runs: list[dict]) -> None:
         for control in run.get("controls") or []:
             table.add_row(styled(run["host"]), styled(control["id"]),
                           styled(control["status"], STATUS_STYLE.get(control["status"])),
-                          styled(shown(control["observed"])[:120]), styled(shown(control["expected"])[:120]))
+                          styled(shown(control["observed"])[:400]), styled(shown(control["expected"])[:400]))
     console().print(table)
 
 

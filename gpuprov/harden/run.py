@@ -64,7 +64,8 @@ def plan_changes(policy: HardenPolicy, facts: dict, ruleset: str, only: frozense
     if "ssh" in only:
         planned.append(sshd.change(policy, facts))
     if "firewall" in only:
-        rules = ", ".join(f"{r.comment}" for r in policy.rules)
+        rules = ", ".join(r.comment if r.port is None or r.comment.startswith("allow") else
+                          f"{r.comment} {r.port}/{r.proto}" for r in policy.rules)
         planned.append(nft.change(facts, ruleset, f"load gpuprov's nftables table: inbound default drop, allow "
                                                   f"{rules}; published Docker ports filtered"))
     return [change for change in planned if change is not None]
