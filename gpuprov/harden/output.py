@@ -19,7 +19,7 @@ def shown(value) -> str:
     return str(value) if not isinstance(value, dict) else json.dumps(value)
 
 
-def print_hosts(runs: list[dict], dry_run: bool) -> None:
+def print_hosts(runs: list[dict], dry_run: bool, confirm_timeout: int) -> None:
     """Per host: refusals, what --i-have-console-access let through, the plan (dry run), the guard's outcome."""
     from rich.text import Text
 
@@ -53,6 +53,9 @@ def print_hosts(runs: list[dict], dry_run: bool) -> None:
             out.print(Text.assemble(styled(f"  {change['component']:>9} ", "cyan"), styled(change["summary"])))
             if change.get("diff"):
                 out.print("    " + literal_lines(change["diff"].rstrip()).replace("\n", "\n    "))
+        if any(change["component"] in ("ssh", "firewall") for change in run["plan"]):
+            out.print(f"  the ssh and firewall changes run behind the host's own revert: undone after "
+                      f"{confirm_timeout}s unless a new SSH connection from gpuprov confirms them")
 
 
 def controls_table(runs: list[dict]) -> None:

@@ -62,7 +62,7 @@ def harden(c, host=None, group=None, all=False, inventory=None, parallel=None, t
     if json_:
         print(dump_json({"report": str(report), "hosts": runs}))
     else:
-        print_hosts(runs, dry_run)
+        print_hosts(runs, dry_run, timeout)
         if check:
             controls_table(runs)
         summary_table(kind + (" (dry run)" if dry_run else ""), [summary_row(r) for r in runs],

@@ -205,6 +205,22 @@ def test_a_ruleset_that_blocks_ssh_is_rolled_back_by_the_host(fleet):
     assert on_host(fleet.lab, fleet.a, "ls -A /run/gpuprov/harden") == ""
 
 
+def test_service_ports_open_to_the_monitoring_network(fleet):
+    b_ip = fleet.lab.host(fleet.b).internal_ip
+    path = inventory(fleet, "services", allow=[], monitoring_cidrs=[f"{b_ip}/32"],
+                     service_ports=[{"name": "metrics", "port": 9090, "sources": "monitoring"}])
+    run = harden(fleet, path)
+    assert run["status"] == "changed" and run["guard"]["result"] == "confirmed"
+    assert reaches(fleet, 9090) and reaches(fleet, 22)
+    assert not reaches(fleet, 8080) and not reaches(fleet, PUBLISHED)
+
+
+def test_everything_is_open_between_cluster_hosts(fleet):
+    run = harden(fleet, inventory(fleet, "cluster", allow=[], cluster_cidrs=[fleet.internal]))
+    assert run["status"] == "changed" and run["guard"]["result"] == "confirmed"
+    assert all(reaches(fleet, port) for port in (22, *LISTENER_PORTS, PUBLISHED))
+
+
 def test_figures_after(fleet):
     FIGURES["after"] = {"ssh_audit": audit_figures(fleet), "lynis_hardening_index": lynis_index(fleet)}
     print("harden figures after:", json.dumps(FIGURES["after"]))

@@ -17,7 +17,7 @@ RUN = {"host": "gpu[01]\x1b[31m", "status": "rolled back", "controller": {"addre
 
 
 def test_user_text_is_printed_literally(capsys):
-    print_hosts([RUN], dry_run=True)
+    print_hosts([RUN], dry_run=True, confirm_timeout=45)
     controls_table([RUN])
     out = capsys.readouterr().out
     assert "\x1b" not in out and "gpu[01]\\x1b[31m" in out
@@ -25,6 +25,7 @@ def test_user_text_is_printed_literally(capsys):
     assert "rolled back by the host: no new SSH connection got through" in out
     assert "restored the nftables table" in out
     assert "hmac-sha1,umac-64@openssh.com" in out
+    assert "undone after 45s unless a new SSH connection from gpuprov confirms them" in out
 
 
 def test_summary_row_counts_controls_and_names_failures():
