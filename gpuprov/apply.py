@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuprov.busy import REFUSED_MARK, REFUSED_RC, guard
@@ -97,14 +98,18 @@ def parse_steps(changes: list, output: str) -> list[StepResult]:
     return results
 
 
-def apply_changes(conn, changes: list, *, disrupt: bool = False,
-                  managed_files: tuple[str, ...] = ()) -> tuple[list[StepResult], dict]:
-    """Run the changes on the host as root, then gather its facts in the same command.
+def apply_changes(conn, changes: list, *, disrupt: bool = False, managed_files: tuple[str, ...] = (),
+                  facts: tuple[str, Callable] | None = None, task: str = "provision") -> tuple[list[StepResult], dict]:
+    """Run the changes on the host as root, then gather its facts in the same command: provisioning's facts, or
+    `facts` = (the command that gathers them, parse(conn, stdout, stderr)). `task` is what the hints say to rerun.
 
     Returns the step results and the facts after; raises GpuprovError naming the failed step."""
-    from gpuprov.facts.gather import facts_command, parse_gathered
+    if facts is None:
+        from gpuprov.facts.gather import facts_command, parse_gathered
 
-    script = batch_script(changes, disrupt=disrupt, facts_command=facts_command(managed_files))
+        facts = (facts_command(managed_files), parse_gathered)
+    command, parse_gathered = facts
+    script = batch_script(changes, disrupt=disrupt, facts_command=command)
     result = conn.run("sh -s", sudo=True, stdin=script)
     output, _, facts_output = result.stdout.partition(f"\n{FACTS_MARK}\n")
     steps = parse_steps(changes, output)
@@ -112,13 +117,13 @@ def apply_changes(conn, changes: list, *, disrupt: bool = False,
     if failed is None and (result.rc != 0 or len(steps) != len(changes)):
         raise GpuprovError(f"the batch ended with exit code {result.rc} before all steps ran",
                            host=conn.host.name, step="apply", output=result.stdout + result.stderr,
-                           hint="rerun provision: every step is idempotent and the run converges")
+                           hint=f"rerun {task}: every step is idempotent and the run converges")
     if failed is not None:
         error = GpuprovError(
             f"{failed.component}: {failed.summary} failed with exit code {failed.rc}",
             host=conn.host.name, step=failed.component, command="\n".join(failed.commands),
             output=failed.output or result.stderr,
-            hint="fix the cause shown above, then rerun provision; completed steps are not repeated")
+            hint=f"fix the cause shown above, then rerun {task}; completed steps are not repeated")
         error.steps = steps
         raise error
     return steps, parse_gathered(conn, facts_output, result.stderr)

@@ -28,6 +28,7 @@ DEFAULTS: dict = {
     "connect_timeout": 10,
     "connect_retries": 2,
     "command_timeout": 1800,
+    "confirm_timeout": 60,
     "known_hosts": "~/.ssh/known_hosts",
     "reports": "reports",
     "locks": "locks",
@@ -54,6 +55,7 @@ KINDS: dict[str, _Kind] = {
     "connect_timeout": _Kind("a whole number of seconds >= 1", 1),
     "connect_retries": _Kind("a whole number >= 0 (0: no retry)", 0),
     "command_timeout": _Kind("a whole number of seconds >= 1", 1),
+    "confirm_timeout": _Kind("a whole number of seconds >= 15", 15),
     "known_hosts": _PATH,
     "reports": _PATH,
     "locks": _PATH,
@@ -70,6 +72,7 @@ class GpuprovConfig:
     connect_timeout: int
     connect_retries: int
     command_timeout: int
+    confirm_timeout: int
     known_hosts: Path
     reports: Path
     locks: Path

@@ -185,6 +185,21 @@ class HostConnection:
                  + (", and the jump host" if self.jump and hop is self.host else ""),
         )
 
+    def fresh(self, *, connect_timeout: int | None = None, retries: int | None = None) -> HostConnection:
+        """A new, unopened connection to the same host with the same settings and sudo password: its own TCP
+        connection and SSH handshake (what proves that the host still lets gpuprov in)."""
+        other = HostConnection(self.host, known_hosts=self.known_hosts, trust_new=self.trust_new,
+                               connect_timeout=connect_timeout or self.connect_timeout,
+                               retries=self.retries if retries is None else retries,
+                               command_timeout=self.command_timeout, jump=self.jump)
+        other._sudo_password = self._sudo_password
+        return other
+
+    def server_key_type(self) -> str | None:
+        """The type of the host key this connection verified (`ssh-ed25519`, `ssh-rsa`...), None when closed."""
+        transport = self._conn.transport if self._conn is not None else None
+        return transport.get_remote_server_key().get_name() if transport is not None else None
+
     def _via(self, hop) -> str:
         """`jump host NAME: ` when the hop that failed is the jump host, else nothing."""
         return f"jump host {hop.name}: " if hop is not self.host else ""

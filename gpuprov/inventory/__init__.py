@@ -9,6 +9,7 @@ The modules, one job each:
     ini          Ansible's INI form, turned into the YAML form's document
     settings     connection settings (address, port, user, identity_file, jump, sudo) and local paths
     schema       the validated variables (hardware, stack, mirror, firewall, container_engine)
+    hardening    the hardening variables (cluster_cidrs, monitoring_cidrs, service_ports, ssh_hardening)
     merge        group cycles, precedence, each host's merged settings and variables, jump checks
 
 Size guards, each checked before what it protects is read: the file's size (MAX_BYTES, before reading it),

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpuprov.inventory.diagnostics import InventoryError, suggest
+from gpuprov.inventory.hardening import check_references
 from gpuprov.inventory.levels import INVALID, Level, Levels
 from gpuprov.inventory.located import Located
 from gpuprov.inventory.model import Group, Host, Inventory, is_valid_address
@@ -111,13 +112,15 @@ class _Merger:
         settings: dict = {}
         setting_sources: dict = {}
         variables: dict = {}
+        var_paths: dict = {}
         sources: dict = {}
         for lvl in [self.levels.defaults, *(self.levels.groups[g] for g in order), level]:
             for key, (value, _) in lvl.settings.items():
                 settings[key] = value
                 setting_sources[key] = lvl.source
-            for key, (value, _) in lvl.vars.items():
+            for key, (value, path) in lvl.vars.items():
                 variables[key] = value
+                var_paths[key] = path
                 sources[key] = lvl.source
         if "address" not in settings:
             if not is_valid_address(name):
@@ -125,6 +128,7 @@ class _Merger:
                                            "IP address: give address:", at_key=True)
             settings["address"] = name
             setting_sources["address"] = "host name"
+        check_references(self.doc, variables, var_paths)
         sudo = settings.pop("sudo", None) or {}
         return Host(name=name, groups=tuple(order), vars=variables, sources=sources,
                     setting_sources=setting_sources, sudo_password_env=sudo.get("password_env"),

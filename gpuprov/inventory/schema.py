@@ -1,4 +1,5 @@
-"""The validated variables: hardware, stack, mirror, firewall, container_engine; any other variable is data.
+"""The validated variables: hardware, stack, mirror, firewall, container_engine and the hardening variables
+(gpuprov.inventory.hardening); any other variable is data.
 
 Stack pins and the GPU model are checked by gpuprov.stack.inputs (stack_pin, gpu_model), the one place that
 owns those rules, so the inventory accepts exactly what the resolver accepts, and keeps the normalized form.
@@ -15,13 +16,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gpuprov.inventory.diagnostics import show, suggest, type_name
+from gpuprov.inventory.hardening import HARDENING_VARS, HardeningVariables
 from gpuprov.inventory.levels import INVALID, as_mapping, known_keys
 from gpuprov.inventory.located import Located
 from gpuprov.inventory.model import is_valid_address
 from gpuprov.inventory.settings import local_path, port_number
 from gpuprov.stack.inputs import PinError, gpu_model, stack_pin
 
-KNOWN_VARS = ("hardware", "stack", "mirror", "firewall", "container_engine")
+KNOWN_VARS = ("hardware", "stack", "mirror", "firewall", "container_engine", *HARDENING_VARS)
 CONTAINER_ENGINES = ("docker",)
 _HEX40 = re.compile(r"[0-9A-Fa-f]{40}")
 _URL_FORBIDDEN = re.compile(r"[\s\"'`\\<>]")
@@ -29,7 +31,7 @@ _URL_FORBIDDEN = re.compile(r"[\s\"'`\\<>]")
 Check = Callable[[Any, tuple], Any]
 
 
-class VariableSchema:
+class VariableSchema(HardeningVariables):
     """Checks a level's variables where they are written; a refused one is left out (its error recorded)."""
 
     def __init__(self, doc: Located, base: Path):
@@ -40,6 +42,7 @@ class VariableSchema:
         """The checked (normalized) value of variable `key`, or INVALID."""
         checker = {"hardware": self.hardware, "stack": self.stack, "mirror": self.mirror,
                    "firewall": self.firewall, "container_engine": self.container_engine}.get(key)
+        checker = checker or self.hardening_checker(key)
         return checker(value, path) if checker else value
 
     def struct(self, value: Any, path: tuple, what: str, fields: dict[str, Check], required: tuple = ()) -> Any:

@@ -1,6 +1,7 @@
 """The lab mirror: a signed flat apt repository of stand-in packages and real Debian packages (docker.io,
-prometheus-node-exporter and what a bare lab host lacks for them, see gpuprov.lab.debian), served over HTTP by a
-lab container on the lab's internal network (`deb [signed-by=...] http://<ip>/ /`).
+prometheus-node-exporter, unattended-upgrades, lynis and what a bare lab host lacks for them, see
+gpuprov.lab.debian), served over HTTP by a lab container on the lab's internal network
+(`deb [signed-by=...] http://<ip>/ /`).
 
 The repository also carries a newer point release of every lab profile's newest driver branch
 (`standins.point_release_packages`: `595.58.03-1` and `595.999.01-1` of the same packages), as NVIDIA's

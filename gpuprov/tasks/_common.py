@@ -65,12 +65,12 @@ def exits_cleanly(fn: Callable) -> Callable:
     return wrapper
 
 
-def host_task(help: dict[str, str] | None = None) -> Callable[[Callable], object]:
+def host_task(help: dict[str, str] | None = None, **options) -> Callable[[Callable], object]:
     """@task for a task that touches hosts: the shared options' help (HOST_HELP) plus the task's own,
-    repeatable --host/--group, and exit codes from errors (exits_cleanly)."""
+    repeatable --host/--group, and exit codes from errors (exits_cleanly); `options` go to @task."""
 
     def decorate(fn: Callable):
-        return task(iterable=["host", "group"], help={**HOST_HELP, **(help or {})})(exits_cleanly(fn))
+        return task(iterable=["host", "group"], help={**HOST_HELP, **(help or {})}, **options)(exits_cleanly(fn))
 
     return decorate
 
@@ -116,20 +116,22 @@ def max_fail_setting(max_fail: str | int | None) -> str | None:
     return None if max_fail is None else str(max_fail)
 
 
-def only_components(only: str | None) -> frozenset[str] | None:
+def only_components(only: str | None, choices: tuple[str, ...] | None = None) -> frozenset[str] | None:
     """--only a,b: the components named (None without --only); InputError for an empty item or an unknown
-    name, saying which components there are."""
-    from gpuprov.ops import COMPONENTS
-
+    name, saying which components there are (`choices`, by default provisioning's)."""
     if only is None:
         return None
-    accepted = f"give a comma list of components: {', '.join(COMPONENTS)}"
+    if choices is None:
+        from gpuprov.ops import COMPONENTS
+
+        choices = COMPONENTS
+    accepted = f"give a comma list of components: {', '.join(choices)}"
     names = [name.strip() for name in str(only).split(",")]
     if "" in names:
         raise InputError(f"--only {only!r} has an empty item; {accepted}")
     for name in names:
-        if name not in COMPONENTS:
-            close = difflib.get_close_matches(name, COMPONENTS, n=1)
+        if name not in choices:
+            close = difflib.get_close_matches(name, choices, n=1)
             guess = f" (did you mean {close[0]}?)" if close else ""
             raise InputError(f"--only: unknown component {name!r}{guess}; {accepted}")
     return frozenset(names)

@@ -18,6 +18,7 @@ from gpuprov.executor import Outcome
 from gpuprov.json_text import dump_json
 from gpuprov.program import GpuprovProgram
 from gpuprov.tasks import facts as facts_tasks
+from gpuprov.tasks import harden as harden_tasks
 from gpuprov.tasks import lab as lab_tasks
 from gpuprov.tasks import namespace
 from gpuprov.tasks import provision as provision_tasks
@@ -34,6 +35,7 @@ INVENTORY = textwrap.dedent("""\
 COMPONENTS = "sources, kernel, driver, cuda, nccl, engine, container_toolkit, fabricmanager, dcgm, pins"
 HOST_TASKS = {
     "facts": facts_tasks.facts,
+    "harden": harden_tasks.harden,
     "preflight": provision_tasks.preflight,
     "provision": provision_tasks.provision,
     "stack.check": stack_tasks.check,
@@ -149,6 +151,28 @@ def test_bad_only_names_what_it_accepts(ctx, project, capsys, contacted, only, m
     assert untouched(project, contacted)
 
 
+@pytest.mark.parametrize(("flags", "message"), [
+    ({"only": "firewall,sshd"}, "--only: unknown component 'sshd' (did you mean ssh?); give a comma list of "
+                                "components: firewall, ssh, updates"),
+    ({"only": "firewall,"}, "--only 'firewall,' has an empty item; give a comma list of components: firewall, ssh, "
+                            "updates"),
+    ({"confirm_timeout": "5"}, "--confirm-timeout must be a whole number >= 15, not '5'"),
+    ({"confirm_timeout": "1m"}, "--confirm-timeout must be a whole number >= 15, not '1m'"),
+])
+def test_bad_harden_flags_name_what_they_accept(ctx, project, capsys, contacted, flags, message):
+    code, out, err = call(harden_tasks.harden, ctx, capsys, host=["gpu01"], **flags)
+    assert (code, out, err) == (2, "", f"error: {message}\n")
+    assert untouched(project, contacted)
+
+
+def test_bad_confirm_timeout_setting_is_located(project, capsys, contacted, ctx, monkeypatch):
+    monkeypatch.setenv("INVOKE_GPUPROV_CONFIRM_TIMEOUT", "10")
+    code, out, err = call(harden_tasks.harden, ctx, capsys, host=["gpu01"])
+    assert (code, out) == (2, "")
+    assert err == "error: INVOKE_GPUPROV_CONFIRM_TIMEOUT: must be a whole number of seconds >= 15, not 10\n"
+    assert untouched(project, contacted)
+
+
 def test_bad_reboot_policy(ctx, project, capsys, contacted):
     code, out, err = call(provision_tasks.provision, ctx, capsys, host=["gpu01"], reboot="maybe")
     assert (code, out, err) == (2, "", "error: --reboot must be one of never, if-needed, always, got 'maybe'\n")
@@ -224,7 +248,7 @@ def test_a_bad_command_line_with_json_is_one_json_document(project, monkeypatch,
 
 # ----------------------------------------------------------------------------------------------- --json
 
-@pytest.mark.parametrize("name", ["facts", "provision", "preflight", "stack.check"])
+@pytest.mark.parametrize("name", ["facts", "harden", "provision", "preflight", "stack.check"])
 def test_a_task_error_under_json_is_the_one_document_on_stdout(ctx, project, capsys, contacted, name):
     code, out, err = call(HOST_TASKS[name], ctx, capsys, host=["gpu01"], parallel="x", json_=True)
     message = "--parallel must be a whole number >= 1, not 'x'"

@@ -15,6 +15,7 @@ from invoke.exceptions import Exit
 
 from gpuprov.stack.lock import load_lock
 from gpuprov.tasks import facts as facts_tasks
+from gpuprov.tasks import harden as harden_tasks
 from gpuprov.tasks import provision as provision_tasks
 from gpuprov.tasks import stack as stack_tasks
 
@@ -37,6 +38,7 @@ INVENTORY = textwrap.dedent("""\
     """)
 HOST_TASKS = {
     "facts": facts_tasks.facts,
+    "harden": harden_tasks.harden,
     "preflight": provision_tasks.preflight,
     "provision": provision_tasks.provision,
     "stack.check": stack_tasks.check,

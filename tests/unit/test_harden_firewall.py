@@ -1,0 +1,144 @@
+"""The firewall ruleset: every rendered ruleset judged by `nft -c`; which sources reach which ports, written out by
+hand; the change planned only when the file, the live table or the boot unit differ."""
+
+from __future__ import annotations
+
+import ipaddress
+import subprocess
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from judges import needs_nft, nft_check
+
+from gpuprov.harden import nft
+from gpuprov.harden.firewall import LISTING, RULESET, UNIT, UNIT_FILE, build_rules, reaches, render, unit_file
+from gpuprov.harden.lockout import firewall_refusals
+from gpuprov.harden.policy import build_policy
+
+FLEET = {
+    "firewall": {"allow": [{"port": 22, "proto": "tcp", "sources": ["198.51.100.0/24", "2001:db8:1::/48"]},
+                           {"port": 8080, "proto": "tcp", "sources": ["10.0.0.0/8"]},
+                           {"port": 8080, "proto": "tcp", "sources": ["10.2.0.0/16", "192.168.7.0/24"]},
+                           {"port": 5353, "proto": "udp", "sources": ["10.9.0.0/16"]}]},
+    "cluster_cidrs": ["10.1.0.0/16", "fd00:1::/64"],
+    "monitoring_cidrs": ["10.20.0.0/24"],
+    "service_ports": [{"name": "triton-http", "port": 8000, "proto": "tcp", "sources": None},
+                      {"name": "node-exporter", "port": 9100, "proto": "tcp", "sources": "monitoring"},
+                      {"name": "dcgm-exporter", "port": 9400, "proto": "tcp", "sources": "monitoring"}],
+}
+
+
+@needs_nft
+@pytest.mark.parametrize("variables", [{}, FLEET, {"firewall": {"allow": [{"port": 2222, "proto": "tcp",
+                                                                            "sources": ["0.0.0.0/0"]}]}}])
+def test_nft_accepts_the_rendered_ruleset(tmp_path, variables):
+    result = nft_check(render(build_rules(variables, [22, 2222])), tmp_path)
+    assert result.returncode == 0, result.stderr
+
+
+cidrs = st.one_of(st.ip_addresses(v=4).map(lambda a: f"{a}/{24}"), st.ip_addresses(v=6).map(lambda a: f"{a}/64"))
+entries = st.fixed_dictionaries({"port": st.integers(1, 65535), "proto": st.sampled_from(["tcp", "udp"]),
+                                 "sources": st.lists(cidrs, min_size=1, max_size=5)})
+
+
+@needs_nft
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(allow=st.lists(entries, max_size=6), cluster=st.lists(cidrs, max_size=4))
+def test_nft_accepts_any_inventory(tmp_path, allow, cluster):
+    variables = {"firewall": {"allow": [{**e, "sources": [str(ipaddress.ip_network(s, strict=False))
+                                                          for s in e["sources"]]} for e in allow]},
+                 "cluster_cidrs": [str(ipaddress.ip_network(c, strict=False)) for c in cluster]}
+    result = nft_check(render(build_rules(variables, [22])), tmp_path)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(("address", "proto", "port", "accepted"), [
+    ("198.51.100.7", "tcp", 22, True),           # the SSH entry's sources
+    ("2001:db8:1::5", "tcp", 22, True),
+    ("203.0.113.9", "tcp", 22, False),           # anywhere else
+    ("10.1.44.3", "tcp", 22, True),              # cluster: every port
+    ("10.1.44.3", "udp", 29500, True),
+    ("fd00:1::9", "tcp", 12345, True),
+    ("10.3.0.1", "tcp", 8080, True),             # both 8080 entries merged
+    ("192.168.7.9", "tcp", 8080, True),
+    ("192.168.8.9", "tcp", 8080, False),
+    ("10.3.0.1", "udp", 8080, False),            # tcp only
+    ("10.9.1.1", "udp", 5353, True),
+    ("203.0.113.9", "tcp", 8000, True),          # a service open to anywhere
+    ("10.20.0.5", "tcp", 9100, True),            # exporters: monitoring only
+    ("10.21.0.5", "tcp", 9400, False),
+    ("10.20.0.5", "tcp", 9999, False),
+])
+def test_who_reaches_what(address, proto, port, accepted):
+    assert reaches(build_rules(FLEET, [22]), address, proto, port) is accepted
+
+
+def test_ssh_is_open_to_anywhere_when_the_inventory_names_no_sources():
+    rules = build_rules({"firewall": {"allow": [{"port": 443, "proto": "tcp", "sources": ["10.0.0.0/8"]}]}}, [22])
+    assert reaches(rules, "203.0.113.9", "tcp", 22) and not reaches(rules, "203.0.113.9", "tcp", 443)
+
+
+def test_the_ruleset_replaces_only_its_own_table_and_guards_published_ports():
+    text = render(build_rules(FLEET, [22]))
+    statements = [line.strip() for line in text.splitlines() if not line.lstrip().startswith("#")]
+    assert not [line for line in statements if line.startswith("flush")]
+    tables = {line.split("{")[0].strip() for line in text.splitlines() if line.startswith(("table", "delete"))}
+    assert tables == {"table inet gpuprov", "delete table inet gpuprov"}
+    assert "hook input priority filter; policy drop;" in text
+    assert "hook forward priority filter - 1; policy accept;" in text
+    assert "ct state new ct status dnat jump published" in text
+    assert "meta l4proto tcp ct original proto-dst 9100 return" in text
+
+
+def facts_in_state(ruleset: str, listing: str = "table inet gpuprov {\n}") -> dict:
+    return {"systemd": True, "nft": True, "nft_table": listing, "units": {UNIT: "enabled"},
+            "files": {RULESET: ruleset, LISTING: listing + "\n", UNIT_FILE: unit_file()}}
+
+
+def test_no_change_when_file_live_table_and_boot_unit_are_in_state():
+    ruleset = render(build_rules(FLEET, [22]))
+    assert nft.change(facts_in_state(ruleset), ruleset, "load") is None
+
+
+@pytest.mark.parametrize(("edit", "reason"), [
+    (lambda f: f["files"].update({RULESET: "# edited\n"}), "differs from the inventory"),
+    (lambda f: f.update(nft_table="table inet gpuprov {\n\tchain x {\n\t}\n}"), "the loaded table differs"),
+    (lambda f: f.update(nft_table=None), "no gpuprov table loaded"),
+    (lambda f: f["units"].update({UNIT: "disabled"}), "is not installed and enabled"),
+])
+def test_a_change_when_anything_drifted(edit, reason):
+    ruleset = render(build_rules(FLEET, [22]))
+    facts = facts_in_state(ruleset)
+    edit(facts)
+    change = nft.change(facts, ruleset, "load")
+    assert change is not None and reason in change.summary
+    assert any(command.startswith("if ! out=$(nft -c -f") for command in change.commands)
+
+
+@pytest.mark.parametrize(("controller", "refused"), [
+    ({"address": "198.51.100.20", "port": 22}, False),
+    ({"address": "10.1.0.9", "port": 22}, False),        # from the cluster network
+    ({"address": "172.17.0.1", "port": 22}, True),
+    ({"address": "198.51.100.20", "port": 2222}, True),  # sshd on another port: no entry allows it from there
+    (None, True),
+])
+def test_lockout_when_the_controller_is_outside_the_ssh_sources(controller, refused):
+    variables = {**FLEET, "firewall": {"allow": [*FLEET["firewall"]["allow"],
+                                                 {"port": 2222, "proto": "tcp", "sources": ["10.0.0.0/8"]}]}}
+    policy = build_policy(variables, {"sshd": {"port": ["22", "2222"]}, "controller": controller})
+    assert bool(firewall_refusals(policy, {"controller": controller})) is refused
+
+
+@needs_nft
+def test_the_listing_of_a_loaded_ruleset_is_stable(tmp_path):
+    """What makes the live comparison sound: loading the file again lists the same text (a scratch netns)."""
+    path = tmp_path / "ruleset.nft"
+    path.write_text(render(build_rules(FLEET, [22])))
+    script = f"nft -f {path} && nft list table inet gpuprov && echo @@ && nft -f {path} && nft list table inet gpuprov"
+    proc = subprocess.run(["unshare", "-n", "sh", "-c", script], capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0 and "Operation not permitted" in proc.stderr:
+        pytest.skip("no permission to create a network namespace here")
+    assert proc.returncode == 0, proc.stderr
+    first, second = proc.stdout.split("@@\n")
+    assert first == second and "policy drop" in first
