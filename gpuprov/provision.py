@@ -119,7 +119,7 @@ def _move_lock(host, path: Path, lock: dict, resolved, options: Options) -> tupl
         if options.dry_run:
             return resolved.to_dict(), str(path), [f"would move the lock {path} to the resolved stack (dry run: "
                                                    "not written)"]
-        write_lock(path, resolved, lock.get("inputs", {}))
+        write_lock(path, resolved, lock.get("inputs", {}), lock.get("images"))
         return resolved.to_dict(), str(path), [f"moved the lock {path} to the resolved stack"]
 
 

@@ -10,7 +10,7 @@ suite the base image was built from (GPUPROV_LAB_DEBIAN_MIRROR, default deb.debi
 apt configuration and state are not touched.
 
     ensure_debian_debs(paths, client, image) -> DebianDebs    download what is missing (cached by image)
-    cached_debian_debs(paths) -> DebianDebs | None            the last download, without any network
+    cached_debian_debs(paths, names) -> DebianDebs | None     the last download of `names`, without any network
 
 The result is cached per base image (its image id) in `.lab/debian/<key>/manifest.json`; the .debs sit in
 `.lab/debian/debs/` and are shared between keys. A warm `lab.up` reads the manifest and checks the files only.
@@ -114,10 +114,20 @@ def _load(manifest: Path, debs: Path) -> DebianDebs | None:
     return DebianDebs(data["key"], tuple(out)) if out else None
 
 
-def cached_debian_debs(paths: LabPaths) -> DebianDebs | None:
-    """The most recently resolved package set whose files are all present (no network, no engine)."""
+def _names(manifest: Path) -> list[str] | None:
+    """The package names a manifest was resolved for (None when it cannot be read)."""
+    try:
+        return sorted(json.loads(manifest.read_text(encoding="utf-8")).get("names", []))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def cached_debian_debs(paths: LabPaths, names: tuple[str, ...] = DEBIAN_PACKAGES) -> DebianDebs | None:
+    """The most recently resolved set of `names` whose files are all present (no network, no engine)."""
     manifests = sorted(root_dir(paths).glob(f"*/{MANIFEST}"), key=lambda p: p.stat().st_mtime, reverse=True)
     for manifest in manifests:
+        if _names(manifest) != sorted(names):
+            continue
         found = _load(manifest, debs_dir(paths))
         if found is not None:
             return found

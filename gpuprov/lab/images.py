@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuprov.errors import GpuprovError
-from gpuprov.lab.labels import BASE_REPO, HOST_REPO, IMAGE_LABEL, IMAGE_LABELS
+from gpuprov.lab.labels import BASE_REPO, HOST_REPO, IMAGE_LABEL, IMAGE_LABELS, REGISTRY_REPO
 
 FILES = Path(__file__).with_name("files")
 SUITE = "bookworm"
@@ -150,9 +150,9 @@ def ensure_host_image(client, base: str, public_key: str, progress: Callable[[st
 
 
 def remove_images(client, progress: Callable[[str], None] = print) -> list[str]:
-    """Remove the images the lab built (host images first, then bases). Returns their tags."""
+    """Remove the images the lab built (host and registry images first, then bases). Returns their tags."""
     removed = []
-    for repo in (HOST_REPO, BASE_REPO):
+    for repo in (HOST_REPO, REGISTRY_REPO, BASE_REPO):
         for image in client.images.list(name=repo, filters={"label": f"{IMAGE_LABEL}=1"}):
             for tag in image.tags:
                 client.images.remove(tag, noprune=False)

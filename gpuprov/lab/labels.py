@@ -11,6 +11,7 @@ HOST_PREFIX = "gpuprov-lab-"
 NETWORK = "gpuprov-lab-internal"
 BASE_REPO = "gpuprov-lab/debian12-base"
 HOST_REPO = "gpuprov-lab/host"
+REGISTRY_REPO = "gpuprov-lab/registry"
 # Images carry their own label: image labels are inherited by every container made from them,
 # and only containers the lab creates itself may carry LABEL.
 IMAGE_LABEL = "gpuprov.lab.image"

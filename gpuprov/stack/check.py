@@ -55,6 +55,30 @@ def dkms_mismatches(facts: dict, version: str) -> list[Mismatch]:
             for kernel in facts.get("kernels_installed") or [] if built.get(kernel) != "installed"]
 
 
+def host_driver(facts: dict) -> str | None:
+    """The host's NVIDIA driver version: the loaded kernel module's, else what nvidia-smi reports."""
+    return facts.get("loaded_driver_version") or (facts.get("nvidia_smi") or {}).get("driver_version")
+
+
+def image_mismatches(facts: dict, images: list[dict], forward_compat: bool) -> list[Mismatch]:
+    """The locked images (`{"name", "tag", "digest", "min_driver"}`) the host's driver no longer runs: older
+    than the image's minimum, unless the stack uses CUDA forward compatibility."""
+    from gpuprov.stack.data import at_least
+
+    driver = host_driver(facts)
+    out = []
+    for image in images:
+        minimum = image.get("min_driver")
+        if not minimum or forward_compat or (driver is not None and at_least(driver, minimum)):
+            continue
+        out.append(Mismatch(f"locked image {image['name']}:{image['tag']} ({image['digest']})",
+                            f"driver {minimum} or newer (io.gpuprov.min-driver)",
+                            f"driver {driver}" if driver else "no NVIDIA driver loaded",
+                            f"install a driver of at least {minimum} (invoke provision --update-lock after raising "
+                            "stack.driver), or lock an image built for an older CUDA (invoke stack.lock --image)"))
+    return out
+
+
 def check_host(facts: dict, stack) -> list[Mismatch]:
     """Every mismatch between host facts and the stack (a Stack or its dict), each with a remedy."""
     stack = _dict(stack)

@@ -1,4 +1,5 @@
-"""Lock files: `locks/<name>.lock.yaml` pins every package, the NGC tag and the PyTorch wheel of a stack.
+"""Lock files: `locks/<name>.lock.yaml` pins every package, the NGC tag and the PyTorch wheel of a stack, and the
+images the hosts run (`images:`, by digest, with each image's minimum driver).
 
 A lock that cannot be used raises `LockError` (exit 2) with every problem as `FILE:LINE:COL: key: message`;
 the YAML is read with the inventory's reader, so places and key paths are found the same way.
@@ -40,10 +41,13 @@ class LockError(InputError):
         super().__init__(message, hint=_HINT)
 
 
-def write_lock(path: str | Path, stack, inputs: dict) -> Path:
-    """Write the lock atomically (temp file + rename); `stack` is a Stack or its dict."""
+def write_lock(path: str | Path, stack, inputs: dict, images: list[dict] | None = None) -> Path:
+    """Write the lock atomically (temp file + rename); `stack` is a Stack or its dict; `images` as
+    `{"name", "tag", "digest", "min_driver"}` (the section is left out when there are none)."""
     data = stack.to_dict() if hasattr(stack, "to_dict") else dict(stack)
     doc = {"lock_version": LOCK_VERSION, "inputs": dict(inputs), "stack": data}
+    if images:
+        doc["images"] = [dict(image) for image in images]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = HEADER + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
@@ -59,7 +63,8 @@ def write_lock(path: str | Path, stack, inputs: dict) -> Path:
 
 
 def load_lock(path: str | Path) -> dict:
-    """{"lock_version", "inputs", "stack"} from a lock file; LockError naming file, line, column and key."""
+    """{"lock_version", "inputs", "stack", "images"} from a lock file; LockError naming file, line, column and
+    key."""
     from gpuprov.stack.resolve import Stack
 
     reader, doc = _read(Path(path))
@@ -68,6 +73,7 @@ def load_lock(path: str | Path) -> dict:
         raise LockError(path, [text for _, _, text in sorted(reader.errors)])
     Stack.from_dict(doc["stack"])
     doc.setdefault("inputs", {})
+    doc.setdefault("images", [])
     return doc
 
 
@@ -180,6 +186,13 @@ def _package_word(which: str) -> Callable[[Any], str | None]:
     return check
 
 
+def _digest(value: Any) -> str | None:
+    problem = _string(value)
+    if problem is None and not re.fullmatch(r"sha256:[0-9a-f]{64}", value):
+        return f"bad digest {show(value)}: expected sha256: and 64 hex digits"
+    return problem
+
+
 def _os_key(value: Any) -> str | None:
     from gpuprov.stack.data import OS_KEYS
 
@@ -198,9 +211,11 @@ _STACK = {
     "pytorch": _Nullable({"version": _string, "wheel": _string}),
     "nscq": _Nullable(_PART), "nvlsm": _Nullable(_PART),
 }
-_LOCK = {"lock_version": _lock_version, "inputs": _mapping, "stack": _STACK}
-# absent from older locks: inputs, and the NVSwitch sections added after the first locks were written
-_OPTIONAL = {("inputs",), ("stack", "nscq"), ("stack", "nvlsm")}
+_IMAGES = [{"name": _string, "tag": _string, "digest": _digest, "min_driver": _Nullable(_dotted)}]
+_LOCK = {"lock_version": _lock_version, "inputs": _mapping, "stack": _STACK, "images": _IMAGES}
+# absent from older locks: inputs, and the NVSwitch sections added after the first locks were written; images
+# only where stack.lock was given --image
+_OPTIONAL = {("inputs",), ("stack", "nscq"), ("stack", "nvlsm"), ("images",)}
 
 
 def _validate(reader: Located, doc: Any) -> None:
@@ -211,7 +226,7 @@ def _validate(reader: Located, doc: Any) -> None:
         reader.error((), f"must be a mapping with lock_version, inputs and stack, not {type_name(doc)}")
         return
     for key in doc.keys() - _LOCK.keys():
-        reader.error((key,), "unknown key; a lock has lock_version, inputs and stack", at_key=True)
+        reader.error((key,), "unknown key; a lock has lock_version, inputs, stack and images", at_key=True)
     _walk(reader, doc, _LOCK, ())
 
 
@@ -300,15 +315,25 @@ def lock_path_for(host, locks_dir: Path) -> Path | None:
     return None
 
 
-def locks_for(hosts, locks_dir: Path) -> dict[str, dict]:
-    """{host name: its lock's stack} for the hosts a lock governs, each lock file loaded once; a corrupt one
-    is LockError (exit 2), found before any host is contacted."""
-    loaded: dict[Path, dict] = {}
+def _per_host(hosts, locks_dir: Path, part: str) -> dict:
+    """{host name: `part` of its lock} for the hosts a lock governs, each lock file loaded once."""
+    loaded: dict[Path, Any] = {}
     out = {}
     for host in hosts:
         path = lock_path_for(host, locks_dir)
         if path is not None:
             if path not in loaded:
-                loaded[path] = load_lock(path)["stack"]
+                loaded[path] = load_lock(path)[part]
             out[host.name] = loaded[path]
     return out
+
+
+def locked_images(hosts, locks_dir: Path) -> dict[str, list[dict]]:
+    """{host name: the images its lock records} for the hosts a lock governs (LockError for a corrupt lock)."""
+    return _per_host(hosts, locks_dir, "images")
+
+
+def locks_for(hosts, locks_dir: Path) -> dict[str, dict]:
+    """{host name: its lock's stack} for the hosts a lock governs, each lock file loaded once; a corrupt one
+    is LockError (exit 2), found before any host is contacted."""
+    return _per_host(hosts, locks_dir, "stack")

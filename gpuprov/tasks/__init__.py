@@ -9,7 +9,7 @@ from gpuprov.config import DEFAULTS
 
 def namespace() -> Collection:
     """The root collection: host tasks at the top, tool groups as sub-collections."""
-    from gpuprov.tasks import facts, harden, inventory, lab, provision, stack, validate
+    from gpuprov.tasks import facts, harden, images, inventory, lab, provision, stack, validate
 
     ns = Collection()
     ns.add_task(facts.facts)
@@ -17,6 +17,7 @@ def namespace() -> Collection:
     ns.add_task(provision.preflight)
     ns.add_task(validate.validate)
     ns.add_task(harden.harden)
+    ns.add_collection(Collection.from_module(images, name="images"))
     ns.add_collection(Collection.from_module(inventory, name="inventory"))
     ns.add_collection(Collection.from_module(lab, name="lab"))
     ns.add_collection(Collection.from_module(stack, name="stack"))

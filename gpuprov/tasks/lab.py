@@ -1,4 +1,5 @@
-"""`invoke lab.up / lab.status / lab.down`: the local lab of SSH hosts that stand in for GPU servers."""
+"""`invoke lab.up / lab.status / lab.down / lab.registry`: the local lab of SSH hosts that stand in for GPU servers,
+and its image registry."""
 
 from __future__ import annotations
 
@@ -51,6 +52,18 @@ def down(c, images=False):
     import gpuprov.lab
 
     gpuprov.lab.down(images=images, progress=_printer())
+
+
+@task
+@exits_cleanly
+def registry(c):
+    """Start the lab registry (Debian's docker-registry) and make the lab hosts' Docker trust it as insecure."""
+    import gpuprov.lab
+    from gpuprov.lab.registry import ensure_registry, trust_registry
+
+    info = ensure_registry(progress=_printer())
+    trust_registry([host for host in gpuprov.lab.status() if host.state == "running"], info.pull)
+    print(f"push from here: --registry {info.push}\npull on lab hosts: --registry {info.pull} (or images.registry)")
 
 
 def _table(hosts) -> None:

@@ -150,12 +150,18 @@ def matrix(c, component=None):
         console.print(table)
 
 
-@host_task(help={"os": "OS key of the hosts (default: gathered from the hosts over SSH)"})
-def lock(c, host=None, group=None, all=False, inventory=None, os=None, parallel=None, trust_new_hosts=False):
+@host_task(help={"os": "OS key of the hosts (default: gathered from the hosts over SSH)",
+                 "image": "record this image's digest in the lock (an image id or a spec name, pushed to --registry "
+                          "from this machine); repeat or give a comma list",
+                 "registry": "the registry the --image images were pushed to"})
+def lock(c, host=None, group=None, all=False, inventory=None, os=None, parallel=None, trust_new_hosts=False,
+         image=None, registry=None):
     """Write lock files resolved from inventory vars (hardware/stack): one per --group, --host, or host (--all).
 
     locks/GROUP.lock.yaml for each --group (all its hosts must resolve to one stack), locks/HOST.lock.yaml for
-    each --host, one per host with --all. Nothing is written unless every lock resolves.
+    each --host, one per host with --all. Nothing is written unless every lock resolves. --image records the
+    digest and minimum driver of images the hosts run (images.run pulls that digest there, stack.check reports a
+    driver that no longer fits).
     """
     from gpuprov.errors import GpuprovError
     from gpuprov.report import check_folder
@@ -166,6 +172,7 @@ def lock(c, host=None, group=None, all=False, inventory=None, os=None, parallel=
     inv, hosts = select_hosts(c, host, group, all, inventory)
     targets = _lock_targets(inv, hosts, split_names(group), split_names(host), all)
     new_folder = check_folder("gpuprov.locks", path_setting(c, "locks"), write=True)
+    images = _locked_images([image] if image else None, registry)
     if os is not None:
         check_os(os)
         facts = {}
@@ -184,11 +191,32 @@ def lock(c, host=None, group=None, all=False, inventory=None, os=None, parallel=
                              "per host or give them the same hardware/stack vars", step="stack.lock")
     for name, members in targets.items():
         stack = stacks[members[0]]
-        path = write_lock(path_setting(c, "locks") / f"{name}.lock.yaml", stack, stack.inputs)
+        path = write_lock(path_setting(c, "locks") / f"{name}.lock.yaml", stack, stack.inputs, images)
         print(f"wrote {literal(str(path))} (driver {stack.driver['version']}, CUDA {stack.cuda['version']}, "
-              f"NCCL {stack.nccl['version']})")
+              f"NCCL {stack.nccl['version']}" + "".join(f"; {i['name']} {i['digest']}" for i in images) + ")")
     if new_folder:
         print(f"created the folder {literal(str(path_setting(c, 'locks')))} (gpuprov.locks)", file=sys.stderr)
+
+
+def _locked_images(names: list[str] | None, registry: str | None) -> list[dict]:
+    """The lock entries of the --image images (their digests as pushed to --registry from this machine)."""
+    if not split_names(names):
+        if registry is not None:
+            raise InputError("--registry names where the --image images were pushed: give --image too",
+                             step="stack.lock")
+        return []
+    from gpuprov.images.build import engine_client
+    from gpuprov.images.push import lock_entry
+    from gpuprov.images.spec import load_specs
+    from gpuprov.images.tags import check_registry
+    from gpuprov.tasks.images import _selected
+
+    registry = check_registry(registry)
+    if not registry:
+        raise InputError("--image needs --registry: the registry the images were pushed to", step="stack.lock")
+    images = _selected(load_specs(), names)
+    api = engine_client().api
+    return [lock_entry(api, image, registry) for image in images]
 
 
 def _lock_targets(inv, hosts, groups: list[str], names: list[str], all_: bool) -> dict[str, list[str]]:
@@ -208,16 +236,18 @@ def _lock_targets(inv, hosts, groups: list[str], names: list[str], all_: bool) -
 
 @host_task(help={"json": "print JSON"})
 def check(c, host=None, group=None, all=False, inventory=None, json_=False, parallel=None, trust_new_hosts=False):
-    """Compare hosts with their stack (lock file, else resolved) and print each mismatch with its remedy."""
+    """Compare hosts with their stack (lock file, else resolved) and print each mismatch with its remedy; a locked
+    image whose minimum driver the host's driver no longer meets is one."""
     from gpuprov.report import check_folder
-    from gpuprov.stack.check import check_host
-    from gpuprov.stack.lock import locks_for
+    from gpuprov.stack.check import check_host, image_mismatches
+    from gpuprov.stack.lock import locked_images, locks_for
     from gpuprov.stack.resolve import resolve_for_host
 
     parallel_setting(c, parallel)
     inv, hosts = select_hosts(c, host, group, all, inventory)
     check_folder("gpuprov.locks", path_setting(c, "locks"), write=False)
     locks = locks_for(hosts, path_setting(c, "locks"))  # a bad lock is bad input: found before any host
+    images = locked_images(hosts, path_setting(c, "locks"))
     gathered = gather_all(c, inv, hosts, trust_new_hosts=trust_new_hosts, parallel=parallel, quiet=json_)
     report, failed = {}, False
     for h in hosts:
@@ -227,7 +257,8 @@ def check(c, host=None, group=None, all=False, inventory=None, json_=False, para
             failed = True
             continue
         stack = locks.get(h.name) or resolve_for_host(h.vars, None, facts).to_dict()
-        mismatches = check_host(facts, stack)
+        mismatches = check_host(facts, stack) + image_mismatches(facts, images.get(h.name, []),
+                                                                 bool(stack.get("forward_compat")))
         failed = failed or bool(mismatches)
         report[h.name] = {"mismatches": [m.to_dict() for m in mismatches]}
     if json_:

@@ -311,5 +311,5 @@ def test_a_key_with_a_line_break_cannot_forge_an_error_line(tmp_path, capsys, ho
     code, err = run_task("stack.check", c, capsys)
     assert code == 2
     assert err.splitlines()[0] == f"error: {path}:48:1: x\\n/etc/passwd:1:1: stack: forged: unknown key; a lock has " \
-                                  "lock_version, inputs and stack"
+                                  "lock_version, inputs, stack and images"
     assert not any(line.startswith("/etc/passwd") for line in err.splitlines())

@@ -1,0 +1,148 @@
+"""Benchmark `invoke images.build` on the lab matrix (the `base: local` specs), against a plain `docker build` of
+the same rendered contexts measured in the same run, on the same engine and the same layer cache.
+
+It measures, each as a whole CLI process (start-up, spec reading, rendering and, for every image it builds, the
+read-back of torch's versions and the labels included):
+- the no-change rebuild of the lab matrix: every step of every image must be a cache hit;
+- `--changed-only` after no change: it must build nothing;
+- `--changed-only` after one spec changed (an environment variable added to lab-pytorch-cpu-infer, restored
+  afterwards): it must build exactly that image;
+and the peer, `DOCKER_BUILDKIT=0 docker build` of every rendered context (what a CI without change detection
+runs), no-change and after the same kind of change (the variable given another value, so that both start from the
+same layer cache). Figures that matter are the ratios gpuprov / docker build; seconds are
+for context. It works in a scratch copy of the checkout (the specs there may change; the wheelhouse is
+hard-linked), so the checkout is never touched. Needs the lab's Debian base image (built here through
+gpuprov.lab.images when missing). Run by hand as root on Debian: `python bench/images.py`; writes
+bench/results/images-<UTC timestamp>.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+LAB_IMAGES = ("lab-pytorch-cpu", "lab-pytorch-cpu-infer")
+CHANGED = "lab-pytorch-cpu-infer"
+REPEAT = 3
+
+
+def scratch_copy() -> Path:
+    """A copy of the checkout to build from: its files without git, caches and outputs; the wheelhouse linked."""
+    copy = Path(tempfile.mkdtemp(prefix="gpuprov-bench-images-")) / "checkout"
+    shutil.copytree(ROOT, copy, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".lab", "build", "reports", "locks", "__pycache__", ".ruff_cache", ".benchmarks", ".pytest_cache"))
+    wheelhouse = ROOT / "build" / "wheelhouse"
+    if wheelhouse.is_dir():
+        shutil.copytree(wheelhouse, copy / "build" / "wheelhouse", copy_function=os.link)
+    return copy
+
+
+def gpuprov_build(*flags: str, env: dict, cwd: Path) -> tuple[float, dict]:
+    """`invoke images.build --name <lab matrix> FLAGS --json` in `cwd`: (seconds, its JSON document)."""
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "invoke", "images.build", "--name", ",".join(LAB_IMAGES), *flags,
+                           "--json"], cwd=cwd, capture_output=True, text=True, env=env, check=False)
+    seconds = time.monotonic() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"images.build failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return seconds, json.loads(proc.stdout)
+
+
+def docker_build(contexts: list[Path]) -> float:
+    """The peer: one plain `docker build` (the classic builder, as the SDK's) per context, one after another."""
+    started = time.monotonic()
+    for context in contexts:
+        subprocess.run(["docker", "build", "-q", "-t", f"gpuprov-bench/{context.name}:peer", str(context)],
+                       env={**os.environ, "DOCKER_BUILDKIT": "0"}, check=True, capture_output=True)
+    return time.monotonic() - started
+
+
+def change(spec: Path, original: str) -> None:
+    """The spec with one more environment variable, of a value no build has seen."""
+    spec.write_text(original.replace("env:\n", f"env:\n  GPUPROV_BENCH: \"{time.time_ns()}\"\n", 1), encoding="utf-8")
+
+
+def median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def main() -> None:
+    from gpuprov.lab.engine import ensure_engine
+    from gpuprov.lab.images import ensure_base_image
+
+    client = ensure_engine(lambda line: print(line, file=sys.stderr))
+    ensure_base_image(client, lambda line: print(line, file=sys.stderr))
+    copy = scratch_copy()
+    try:
+        results = measure(copy)
+    finally:
+        shutil.rmtree(copy.parent, ignore_errors=True)
+    print(f"{'measure':<28} {'gpuprov s':>10} {'docker s':>9} {'ratio':>6}  check")
+    for key, check in (("rebuild_no_change", "all_cache_hits"), ("changed_only_no_change", "built_nothing"),
+                       ("changed_only_one_change", "built_exactly_one")):
+        row = results[key]
+        print(f"{key:<28} {row['gpuprov_s']:>10.2f} {row['docker_build_s']:>9.2f} {row['ratio']:>6.2f}  "
+              f"{'PASS' if row[check] else 'FAIL'} {check}")
+    out = ROOT / "bench" / "results" / f"images-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
+    out.write_text(json.dumps({"started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                               "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+                               "repeat": REPEAT, "images": list(LAB_IMAGES), "results": results}, indent=2) + "\n")
+    print(f"results: {out}")
+
+
+def measure(copy: Path) -> dict:
+    """The figures, from builds in the scratch copy `copy`."""
+    env = {**os.environ, "PYTHONPATH": str(copy), "INVOKE_GPUPROV_REPORTS": str(copy / "reports")}
+    contexts = [copy / "build" / "images" / name for name in LAB_IMAGES]
+    first, _ = gpuprov_build(env=env, cwd=copy)        # warm: builds what is missing (not a figure)
+    docker_build(contexts)
+    rebuilds = [gpuprov_build(env=env, cwd=copy) for _ in range(REPEAT)]
+    peer = median([docker_build(contexts) for _ in range(REPEAT)])
+    rebuild = median([seconds for seconds, _ in rebuilds])
+    hits = [(entry["image"], entry["cache_hits"], len(entry["steps"]) - 1) for _, doc in rebuilds
+            for entry in doc["images"]]
+    unchanged = [gpuprov_build("--changed-only", env=env, cwd=copy) for _ in range(REPEAT)]
+    nothing = median([seconds for seconds, _ in unchanged])
+    built_nothing = [[e["image"] for e in doc["images"] if not e["skipped"]] for _, doc in unchanged]
+
+    # the same change twice, with another value each time, so that each tool starts from the same layer cache
+    spec = copy / "images" / f"{CHANGED}.yaml"
+    original = spec.read_text(encoding="utf-8")
+    change(spec, original)
+    one, changed_doc = gpuprov_build("--changed-only", env=env, cwd=copy)
+    change(spec, original)
+    subprocess.run([sys.executable, "-m", "invoke", "images.render", "--name", CHANGED], cwd=copy, env=env,
+                   check=True, capture_output=True)
+    peer_changed = docker_build(contexts)
+    built_one = [e["image"] for e in changed_doc["images"] if not e["skipped"]]
+    spec.write_text(original, encoding="utf-8")         # the image tags back on the spec's own build (not a figure)
+    gpuprov_build("--changed-only", env=env, cwd=copy)
+    subprocess.run(["docker", "rmi", *(f"gpuprov-bench/{context.name}:peer" for context in contexts)],
+                   capture_output=True, check=False)
+    return {
+        "rebuild_no_change": {"gpuprov_s": rebuild, "docker_build_s": peer, "ratio": rebuild / peer,
+                              # of which the SDK builds themselves (the rest: start-up, render, read-back)
+                              "gpuprov_builds_s": median([sum(e["seconds"] for e in doc["images"])
+                                                          for _, doc in rebuilds]),
+                              "cache_hits": hits,
+                              "all_cache_hits": all(got == steps for _, got, steps in hits)},
+        "changed_only_no_change": {"gpuprov_s": nothing, "docker_build_s": peer, "ratio": nothing / peer,
+                                   "built": built_nothing, "built_nothing": all(not b for b in built_nothing)},
+        "changed_only_one_change": {"gpuprov_s": one, "docker_build_s": peer_changed, "ratio": one / peer_changed,
+                                    "built": built_one, "built_exactly_one": built_one == [CHANGED]},
+        "first_build_s": first,
+    }
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""Images: a matrix of NVIDIA PyTorch images from specs (`images/*.yaml`) and Jinja templates (`templates/`).
+
+The modules, one job each:
+    model     what one image (one matrix entry of a spec) is: base, versions, packages, user, environment
+    fields    the checks of a spec's plain fields (name, apt and pip pins, user, env, ports, healthcheck...)
+    versions  the versions that belong together, from the resolver's data and rules (gpuprov.stack)
+    matrix    a spec's `matrix:` expanded into entries
+    spec      reading specs with the inventory's located YAML: every problem as FILE:LINE:COL: key: message
+    blocks    the Jinja environment (StrictUndefined) and what the block templates see
+    render    build/images/<id>/: the Dockerfile and its context (smoke suite, CA file, the lab's wheels)
+    labels    OCI and io.gpuprov.* labels, the context hash that --changed-only compares
+    tags      `<registry>/<name>:<pytorch>-<cuXY|cpu>-<purpose>` and the git revision tag
+    lint      hadolint on rendered Dockerfiles, its JSON findings
+    bake      docker-bake.json for buildx users
+    build     one rendered context built through the Docker SDK, step by step (a failed step and its output tail)
+    verify    torch's versions and the labels read back from a built image and compared with its spec
+    container a command in a container of a built image on the controller's engine
+    suite     images.test: the smoke suite inside a built image
+    push      pushes through the SDK (registry login from GPUPROV_REGISTRY_USER/_PASSWORD), the digests pushed
+    run       images.run on a host: the driver check, docker pull, docker run with a PyTorch job's flags
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parents[2]
+SPECS = PROJECT / "images"
+TEMPLATES = PROJECT / "templates"
+OUTPUT = PROJECT / "build" / "images"
+WHEELHOUSE = PROJECT / "build" / "wheelhouse"

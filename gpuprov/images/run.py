@@ -1,0 +1,192 @@
+"""`images.run`: start an image on a provisioned host with the flags a PyTorch job needs.
+
+Before anything is pulled, the host's driver (from its facts: the loaded module, else nvidia-smi's) is compared
+with the image's io.gpuprov.min-driver; an older driver (or none) refuses the run naming both versions, unless
+the host's stack uses CUDA forward compatibility (its lock's `forward_compat`, else the inventory's
+`stack.forward_compat`). Then, over the host's one SSH connection, as root, every value shell-quoted:
+
+    docker pull IMAGE
+    docker run --rm|--detach --name NAME [--gpus all] --ipc=host|--shm-size=SIZE --ulimit memlock=-1
+        --ulimit stack=67108864 [-v DATA:DATA] [-v OUTPUT:OUTPUT] IMAGE [CMD...]
+
+`--gpus all` is given where the host's facts show GPUs. Inventory variables read here (free-form variables,
+checked here, naming the host and where the value came from):
+
+    data_dir: /data               mounted at the same path (validate's data folder too)
+    images:
+      registry: 10.0.0.5:5000     where the host pulls images from (images.run --registry wins)
+      output_dir: /srv/out        mounted at the same path
+      shm_size: 64g               a sized /dev/shm instead of the host's IPC namespace (--ipc=host)
+      memlock: 8388608            the locked-memory limit in bytes, where the engine may not lift it (rootless
+                                  Docker, an engine without CAP_SYS_RESOURCE); default unlimited (-1)
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import time
+from dataclasses import dataclass
+
+from gpuprov.errors import GpuprovError, InputError
+from gpuprov.images.labels import MIN_DRIVER
+
+IMAGES_KEYS = ("registry", "output_dir", "shm_size", "memlock")
+STACK_BYTES = 67108864
+_PATH = re.compile(r"/[A-Za-z0-9_.+@/-]*")
+_SHM = re.compile(r"[1-9][0-9]*[bkmg]?")
+_CONTAINER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+@dataclass(frozen=True)
+class RunVars:
+    """A host's images.run settings from its inventory variables, checked."""
+
+    registry: str | None = None
+    data_dir: str | None = None
+    output_dir: str | None = None
+    shm_size: str | None = None
+    memlock: int = -1
+
+
+def _bad(host, key: str, message: str) -> InputError:
+    source = host.sources.get(key.split(".")[0], "inventory")
+    return InputError(f"variable {key} ({source}): {message}", host=host.name, step="images.run",
+                      hint=f"fix the variable in the inventory (invoke inventory.show --host {host.name} shows "
+                           "where it comes from)")
+
+
+def _path(host, key: str, value) -> str:
+    if not isinstance(value, str) or not _PATH.fullmatch(value) or "/../" in f"{value}/" or value == "/":
+        raise _bad(host, key, f"must be an absolute path other than / (letters, digits, _ . + @ / -), not {value!r}")
+    return value.rstrip("/")
+
+
+def run_vars(host) -> RunVars:
+    """The host's `data_dir` and `images` variables, checked (InputError naming host and key)."""
+    raw = host.vars.get("images") or {}
+    if not isinstance(raw, dict):
+        raise _bad(host, "images", f"must be a mapping with keys {', '.join(IMAGES_KEYS)}")
+    unknown = sorted(map(str, set(raw) - set(IMAGES_KEYS)))
+    if unknown:
+        raise _bad(host, "images", f"unknown key(s) {', '.join(unknown)}; known: {', '.join(IMAGES_KEYS)}")
+    from gpuprov.images.tags import REGISTRY
+
+    registry = raw.get("registry")
+    if registry is not None and (not isinstance(registry, str) or not REGISTRY.fullmatch(registry)):
+        raise _bad(host, "images.registry", f"must be a registry address like host:5000, not {registry!r}")
+    shm = raw.get("shm_size")
+    if shm is not None and (not isinstance(shm, str) or not _SHM.fullmatch(shm)):
+        raise _bad(host, "images.shm_size", f"must be a size like 64g (digits, then b, k, m or g), not {shm!r}")
+    memlock = raw.get("memlock", -1)
+    if isinstance(memlock, bool) or not isinstance(memlock, int) or not (memlock == -1 or memlock > 0):
+        raise _bad(host, "images.memlock", f"must be a number of bytes, or -1 for unlimited, not {memlock!r}")
+    data = host.vars.get("data_dir")
+    output = raw.get("output_dir")
+    return RunVars(registry=registry, data_dir=None if data is None else _path(host, "data_dir", data),
+                   output_dir=None if output is None else _path(host, "images.output_dir", output), shm_size=shm,
+                   memlock=memlock)
+
+
+def has_gpus(facts: dict) -> bool:
+    return bool((facts.get("nvidia_smi") or {}).get("gpus"))
+
+
+def check_driver(host: str, image: str, facts: dict, min_driver: str | None, forward_compat: bool) -> str | None:
+    """None when the host's driver runs `image`, or a note when it runs it through forward compatibility only;
+    GpuprovError naming both versions when the driver is older than the image's minimum (or missing)."""
+    from gpuprov.stack.check import host_driver
+    from gpuprov.stack.data import at_least
+
+    if not min_driver:
+        return None
+    driver = host_driver(facts)
+    if driver is not None and at_least(driver, min_driver):
+        return None
+    if driver is not None and forward_compat:
+        return (f"driver {driver} is older than {min_driver} ({MIN_DRIVER} of {image}); the host's stack "
+                "uses CUDA forward compatibility")
+    found = (f"the host's driver {driver} is older than {min_driver}, the image's {MIN_DRIVER}" if driver else
+             f"the host has no NVIDIA driver loaded; the image needs {min_driver} or newer ({MIN_DRIVER})")
+    raise GpuprovError(f"refused before pulling {image}: {found}", host=host, step="images.run",
+                       hint="provision a newer driver (stack.driver in the inventory, then invoke provision), run an "
+                            "image built for an older CUDA, or, on data center GPUs, use CUDA forward compatibility "
+                            "(stack.forward_compat: true)")
+
+
+def check_container(name: str | None) -> None:
+    """--container: a name Docker accepts ([a-zA-Z0-9][a-zA-Z0-9_.-]*); InputError otherwise."""
+    if name is not None and not _CONTAINER.fullmatch(str(name)):
+        raise InputError(f"--container must be a container name (letters, digits, _ . -), not {name!r}",
+                         step="images.run")
+
+
+def container_name(name: str) -> str:
+    """A fresh container name for a run of spec `name`: gpuprov-NAME-YYYYmmddTHHMMSS."""
+    return f"gpuprov-{name}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
+
+
+def docker_run_argv(image: str, *, container: str, gpus: bool, settings: RunVars, detach: bool,
+                    command: list[str]) -> list[str]:
+    """The `docker run` words: the job's flags, the mounts, the image and its command."""
+    argv = ["docker", "run", "--detach" if detach else "--rm", "--name", container]
+    argv += ["--gpus", "all"] if gpus else []
+    argv += [f"--shm-size={settings.shm_size}"] if settings.shm_size else ["--ipc=host"]
+    argv += ["--ulimit", f"memlock={settings.memlock}", "--ulimit", f"stack={STACK_BYTES}"]
+    for folder in (settings.data_dir, settings.output_dir):
+        if folder:
+            argv += ["-v", f"{folder}:{folder}"]
+    return [*argv, image, *command]
+
+
+def shell_line(argv: list[str]) -> str:
+    return " ".join(shlex.quote(word) for word in argv)
+
+
+@dataclass
+class Started:
+    """What images.run did on one host."""
+
+    host: str
+    image: str
+    container: str
+    command: str
+    rc: int
+    stdout: str
+    stderr: str
+    note: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"host": self.host, "image": self.image, "container": self.container, "command": self.command,
+                "rc": self.rc, "stdout": self.stdout, "stderr": self.stderr, "note": self.note}
+
+
+def run_image(conn, image: str, *, min_driver: str | None, forward_compat: bool, settings: RunVars,
+              container: str, detach: bool, command: list[str], say=lambda what: None) -> Started:
+    """On one connected host: facts, the driver check, then pull and run (GpuprovError when either fails)."""
+    from gpuprov.facts.gather import gather
+    from gpuprov.ops import MANAGED_FILES
+
+    name = conn.host.name
+    say("facts")
+    facts = gather(conn, MANAGED_FILES)
+    note = check_driver(name, image, facts, min_driver, forward_compat)
+    say(f"pull {image}")
+    pull = conn.run(shell_line(["docker", "pull", image]), sudo=True, timeout=1800)
+    if pull.rc != 0:
+        raise GpuprovError(f"docker pull failed (exit {pull.rc})", host=name, step="images.run",
+                           command=pull.shown_command(), output=pull.stderr or pull.stdout,
+                           hint="check that the host reaches the registry (images.registry, an insecure registry "
+                                "needs Docker's insecure-registries) and that the image was pushed")
+    line = shell_line(docker_run_argv(image, container=container, gpus=has_gpus(facts), settings=settings,
+                                      detach=detach, command=command))
+    say("run")
+    ran = conn.run(line, sudo=True, timeout=None)
+    if ran.rc != 0:
+        output = (ran.stderr + "\n" + ran.stdout).strip()
+        hint = ("the engine may not lift the locked-memory limit (rootless Docker, no CAP_SYS_RESOURCE): set the "
+                "host's images.memlock to its limit in bytes" if "error setting rlimit type 8" in output else
+                "exit code 125 is Docker's own (the flags or the engine); others are the command's")
+        raise GpuprovError(f"the container exited with code {ran.rc}", host=name, step="images.run",
+                           command=ran.shown_command(), output=output, hint=hint)
+    return Started(name, image, container, ran.shown_command(), ran.rc, ran.stdout, ran.stderr, note)

@@ -1,0 +1,508 @@
+"""`invoke images.*`: the image matrix of `images/*.yaml`, rendered from `templates/` into build/images/<id>/.
+
+Every task reads and checks all specs first (a bad spec is exit 2 with FILE:LINE:COL: key: message, before
+anything is written). `--name N` selects a spec by name (all its matrix entries) or one image by its id; repeat
+it or give a comma list.
+"""
+
+from __future__ import annotations
+
+from invoke import task
+
+from gpuprov.tasks._common import exits_cleanly, host_task
+
+NAME_HELP = "a spec name (all its matrix entries) or an image id; repeat or give a comma list (default: all)"
+
+
+@task(name="list", iterable=["name"], help={"name": NAME_HELP, "json": "print exactly one JSON document"})
+@exits_cleanly
+def list_(c, name=None, json_=False):
+    """List the images of the specs: id, purpose, base, the stack inside and the tag."""
+    from rich.table import Table
+
+    from gpuprov.images.labels import image_labels
+    from gpuprov.images.spec import load_specs
+    from gpuprov.json_text import dump_json
+    from gpuprov.report import console, styled
+
+    images = _selected(load_specs(), name)
+    if json_:
+        print(dump_json([{"id": image.id, "name": image.name, "spec": str(image.file), "purpose": image.purpose,
+                          "base": image.base.reference, "tag": image.version_tag, "labels": image_labels(image)}
+                         for image in images]))
+        return
+    table = Table("image", "purpose", "pytorch", "cuda", "nccl", "min driver", "tag")
+    table.add_column("base", overflow="fold")
+    for image in images:
+        versions = image.versions
+        table.add_row(*(styled(value or "-") for value in (
+            image.id, image.purpose, versions.pytorch, versions.cuda, versions.nccl, versions.min_driver,
+            image.version_tag, image.base.reference)))
+    console().print(table)
+
+
+@task(iterable=["name"], help={"name": NAME_HELP})
+@exits_cleanly
+def render(c, name=None):
+    """Render the Dockerfile and build context of each image into build/images/<id>/."""
+    from gpuprov.images.render import render as render_image
+    from gpuprov.images.spec import load_specs
+    from gpuprov.report import console, styled
+
+    out = console()
+    for image in _selected(load_specs(), name):
+        rendered = render_image(image, say=lambda what, image=image: out.print(styled(f"{image.id}: {what}", "dim")))
+        out.print(styled(f"{rendered.folder}/Dockerfile"), styled(rendered.context_hash, "dim"), soft_wrap=True)
+
+
+@task(iterable=["name"], help={"name": NAME_HELP})
+@exits_cleanly
+def lint(c, name=None):
+    """Render, then run hadolint on every Dockerfile; a finding at error or warning level fails (exit 1)."""
+    from gpuprov.errors import GpuprovError
+    from gpuprov.images.lint import lint as hadolint
+    from gpuprov.images.render import render as render_image
+    from gpuprov.images.spec import load_specs
+    from gpuprov.report import console, styled
+
+    out = console()
+    findings = []
+    images = _selected(load_specs(), name)
+    for image in images:
+        rendered = render_image(image)
+        found = hadolint(rendered.folder / "Dockerfile")
+        findings += found
+        for finding in found:
+            out.print(styled(finding, "bold red" if finding.failing else "yellow"), soft_wrap=True)
+    failing = sum(finding.failing for finding in findings)
+    out.print(styled(f"hadolint: {len(images)} Dockerfiles, {len(findings)} findings, {failing} at error or "
+                     "warning level", "bold red" if failing else "green"))
+    if failing:
+        raise GpuprovError(f"hadolint found {failing} problems at error or warning level", step="images.lint",
+                           hint="fix the block templates under templates/blocks/ (or the specs), then rerun")
+
+
+@task(iterable=["name"], help={"name": NAME_HELP, "registry": "registry the tags name, such as 127.0.0.1:5000",
+                               "output": "bake file to write (default build/images/docker-bake.json)"})
+@exits_cleanly
+def bake(c, name=None, registry=None, output=None):
+    """Render, then write a docker-bake.json (contexts, tags, labels) for `docker buildx bake`."""
+    from pathlib import Path
+
+    from gpuprov.errors import InputError
+    from gpuprov.images import OUTPUT, PROJECT
+    from gpuprov.images.bake import bake_document
+    from gpuprov.images.labels import provenance
+    from gpuprov.images.render import render as render_image
+    from gpuprov.images.spec import load_specs
+    from gpuprov.images.tags import check_registry
+    from gpuprov.json_text import dump_json
+    from gpuprov.report import console, styled
+
+    registry = check_registry(registry)
+    if output is not None and not str(output).strip():
+        raise InputError("--output needs the path of the bake file to write, not ''", step="images.bake")
+    target = Path(output) if output else OUTPUT / "docker-bake.json"
+    images = _selected(load_specs(), name)
+    document = bake_document([render_image(image) for image in images], registry, provenance())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(dump_json(document) + "\n", encoding="utf-8")
+    console().print(styled(f"{target}: {len(images)} targets; build them from {PROJECT} with: docker buildx bake "
+                           f"-f {target}"), soft_wrap=True)
+
+
+def _selected(images: list, names: list[str] | None) -> list:
+    """The images `--name` selects: a spec's name selects all its entries, an image id one image."""
+    from gpuprov.errors import InputError
+    from gpuprov.inventory.diagnostics import suggest
+    from gpuprov.tasks._common import split_names
+
+    wanted = split_names(names)
+    if not wanted:
+        return images
+    known = sorted({image.name for image in images} | {image.id for image in images})
+    for item in wanted:
+        if item not in known:
+            raise InputError(f"--name: no image or spec named {item!r}{suggest(item, known)}; there are: "
+                             f"{', '.join(known)}", step="images")
+    return [image for image in images if image.name in wanted or image.id in wanted]
+
+
+# ------------------------------------------------------------------------------- build, test, push and run
+
+_BUILD_HELP = {
+    "name": NAME_HELP,
+    "changed_only": "build only the images whose rendered context changed since their last build (its hash is the "
+                    "image's io.gpuprov.context-hash label)",
+    "push": "push the images to --registry after they are built and verified",
+    "registry": "registry the images are tagged for (and pushed to with --push), such as 127.0.0.1:5000",
+    "no_cache": "run every step again (no layer cache)",
+    "builder": "sdk (default: the Docker SDK) or buildx (docker buildx bake, where buildx is installed)",
+    "json": "print exactly one JSON document",
+}
+
+
+@task(iterable=["name"], help=_BUILD_HELP)
+@exits_cleanly
+def build(c, name=None, changed_only=False, push=False, registry=None, no_cache=False, builder="sdk", json_=False):
+    """Render and build images with per-step progress, read the versions and labels back; --push sends them on.
+
+    Each image's context is built through the Docker SDK (or `docker buildx bake`), tagged
+    <name>:<pytorch>-<cuXY|cpu>-<purpose> and with the git revision (and the same under --registry). After a build,
+    torch's versions inside the image and the image's labels must equal the spec's. A failed step shows the step
+    and its output's tail; exit 1 when any image failed."""
+    from gpuprov.config import path_setting
+    from gpuprov.errors import InputError
+    from gpuprov.images.build import require_buildx
+    from gpuprov.images.render import render as render_image
+    from gpuprov.images.spec import load_specs
+    from gpuprov.images.tags import check_registry
+    from gpuprov.report import check_folder
+
+    if builder not in ("sdk", "buildx"):
+        raise InputError(f"--builder must be sdk or buildx, not {builder!r}", step="images.build")
+    if builder == "buildx":
+        require_buildx()
+    registry = check_registry(registry)
+    if push and not registry:
+        raise InputError("--push needs --registry: the registry to push to, such as 127.0.0.1:5000",
+                         step="images.build")
+    images = _selected(load_specs(), name)
+    reports = path_setting(c, "reports")
+    check_folder("gpuprov.reports", reports, write=True)
+    progress = _progress(quiet=json_)
+    rendered = [render_image(image) for image in images]
+    build_one = _build_sdk if builder == "sdk" else _build_buildx
+    results = build_one(rendered, registry=registry, changed_only=changed_only, no_cache=no_cache, push=push,
+                        progress=progress)
+    _finish("images.build", reports, "images-build", {"builder": builder, "registry": registry, "push": push,
+                                                       "changed_only": changed_only, "images": results}, json_,
+            columns=["image", "result", "cached", "seconds", "pushed"])
+
+
+def _progress(quiet: bool):
+    """Events on stderr, each line of one as a line (nothing with --json)."""
+    from gpuprov.report import console, styled
+
+    out = console(stderr=True)
+
+    def say(text: str, style: str | None = None) -> None:
+        for line in [] if quiet else text.splitlines():
+            out.print(styled(line, style), soft_wrap=True)
+
+    return say
+
+
+def _step_printer(image_id: str, progress):
+    def on_event(kind: str, step) -> None:
+        if kind == "start":
+            shown = step.instruction if len(step.instruction) <= 100 else step.instruction[:97] + "..."
+            progress(f"{image_id}: step {step.number}/{step.total} {shown}")
+        elif kind == "status":
+            progress(f"{image_id}: step {step.number}/{step.total} pull {step.lines[-1]}", "dim")
+        elif not step.is_from:
+            progress(f"{image_id}: step {step.number}/{step.total} "
+                     + ("cached" if step.cached else f"done in {step.seconds:.1f} s"), "dim")
+
+    return on_event
+
+
+def _build_sdk(rendered, *, registry, changed_only, no_cache, push, progress) -> list[dict]:
+    """Build (or, --changed-only, skip) each rendered image through the SDK, verify it, push it."""
+    from gpuprov.errors import GpuprovError
+    from gpuprov.images.build import build_image, engine_client
+    from gpuprov.images.labels import build_labels, provenance
+
+    client = engine_client()
+    origin = provenance()
+    results = []
+    for item in rendered:
+        image = item.image
+        tags = _tags(image, registry, origin.revision)
+        entry = {"image": image.id, "tags": tags}
+        try:
+            built = build_image(client.api, image.id, item.folder, tags,
+                                labels=build_labels(item.context_hash, origin), no_cache=no_cache,
+                                changed_only=changed_only, on_event=_step_printer(image.id, progress))
+            entry.update(built.to_dict(), result="unchanged" if built.skipped else "built",
+                         cached="-" if built.skipped else f"{built.cache_hits}/{built.work_steps}")
+            if built.skipped:
+                progress(f"{image.id}: unchanged since its last build ({item.context_hash}): not built", "green")
+            else:
+                progress(f"{image.id}: built in {built.seconds:.1f} s ({entry['cached']} steps cached)", "green")
+                entry["verification"] = _verify(client, image, tags[0], progress)
+            if push:
+                entry["pushed"] = _push(client, tags, registry, progress)
+        except GpuprovError as exc:
+            entry.update(result="failed", error=exc.to_dict())
+            progress(str(exc), "bold red")
+        results.append(entry)
+    return results
+
+
+def _build_buildx(rendered, *, registry, changed_only, no_cache, push, progress) -> list[dict]:
+    """The same contexts through `docker buildx bake` (images.bake's file); --changed-only leaves out the targets
+    whose image on this engine carries the context's hash."""
+    from gpuprov.errors import GpuprovError
+    from gpuprov.images import OUTPUT
+    from gpuprov.images.bake import bake_document, target_name
+    from gpuprov.images.build import bake, bake_command, engine_client, existing_image
+    from gpuprov.images.labels import CONTEXT_HASH, provenance
+    from gpuprov.json_text import dump_json
+
+    client = engine_client()
+    origin = provenance()
+    results, targets = [], []
+    for item in rendered:
+        tags = _tags(item.image, registry, origin.revision)
+        found = existing_image(client.api, tags) if changed_only else None
+        unchanged = found is not None and (found["Config"].get("Labels") or {}).get(CONTEXT_HASH) == item.context_hash
+        results.append({"image": item.image.id, "tags": tags, "result": "unchanged" if unchanged else "built"})
+        if not unchanged:
+            targets.append(target_name(item.image.id))
+    bake_file = OUTPUT / "docker-bake.json"
+    bake_file.write_text(dump_json(bake_document(rendered, registry, origin)) + "\n", encoding="utf-8")
+    if targets:
+        try:
+            bake(bake_command(bake_file, targets, no_cache=no_cache, push=push), lambda line: progress(line, "dim"))
+        except GpuprovError as exc:
+            progress(str(exc), "bold red")
+            for entry in results:
+                if entry["result"] == "built":
+                    entry.update(result="failed", error=exc.to_dict())
+    return results
+
+
+def _tags(image, registry: str | None, revision: str | None) -> list[str]:
+    """The local tags (the version tag first), then the same under the registry."""
+    from gpuprov.images.tags import image_tags
+
+    return image_tags(image, None, revision) + (image_tags(image, registry, revision) if registry else [])
+
+
+def _verify(client, image, reference: str, progress) -> dict:
+    """Versions inside the image and its labels against the spec; GpuprovError naming each difference."""
+    from gpuprov.errors import GpuprovError
+    from gpuprov.images.labels import image_labels
+    from gpuprov.images.verify import expected_versions, verify_image
+
+    verification = verify_image(client, reference, expected_versions(image.versions), image_labels(image))
+    if verification.problems:
+        raise GpuprovError(f"{reference} differs from its spec: " + "; ".join(verification.problems),
+                           step="verify image", hint=f"fix the spec or templates of {image.id} and build it again")
+    found = verification.versions
+    progress(f"{image.id}: inside: torch {found.get('torch')}, CUDA {found.get('cuda') or 'none'}, cuDNN "
+             f"{found.get('cudnn') or 'none'}, NCCL {found.get('nccl') or 'none'}; labels as the spec's", "green")
+    return verification.to_dict()
+
+
+def _push(client, tags: list[str], registry: str, progress) -> list[dict]:
+    from gpuprov.images.push import push_image, registry_auth
+
+    auth = registry_auth()
+    return [push_image(client.api, tag, auth=auth, on_line=lambda line: progress(line, "dim")).to_dict()
+            for tag in tags if tag.startswith(f"{registry}/")]
+
+
+def _finish(step: str, reports, kind: str, payload: dict, json_: bool, columns: list[str]) -> None:
+    """The run's report, a table (or the JSON document) and exit 1 when an image failed."""
+    from invoke.exceptions import Exit
+
+    from gpuprov.json_text import dump_json
+    from gpuprov.report import summary_table, write_json_report
+
+    report = write_json_report(reports, kind, payload)
+    failed = [entry for entry in payload["images"] if entry.get("result") == "failed"]
+    if json_:
+        print(dump_json({"report": str(report), **payload}))
+    else:
+        rows = [{**entry, "pushed": ", ".join(p["digest"][:19] for p in entry.get("pushed", [])) or "-"}
+                for entry in payload["images"]]
+        summary_table(step, rows, columns)
+        print(f"report: {report}")
+    if failed:
+        raise Exit(code=1)
+
+
+@task(iterable=["name"], help={"name": NAME_HELP, "json": "print exactly one JSON document"})
+@exits_cleanly
+def test(c, name=None, json_=False):
+    """Run the validation smoke suite inside built images (--gpus all where this machine has GPUs, CPU otherwise);
+    exit 1 when a check fails."""
+    from gpuprov.config import path_setting
+    from gpuprov.errors import GpuprovError
+    from gpuprov.images.build import engine_client
+    from gpuprov.images.container import machine_has_gpus
+    from gpuprov.images.spec import load_specs
+    from gpuprov.images.suite import run_image_suite
+    from gpuprov.images.tags import image_tags
+    from gpuprov.images.verify import expected_versions
+    from gpuprov.report import check_folder
+
+    images = _selected(load_specs(), name)
+    reports = path_setting(c, "reports")
+    check_folder("gpuprov.reports", reports, write=True)
+    progress = _progress(quiet=json_)
+    client = engine_client()
+    gpus = machine_has_gpus()
+    results = []
+    for image in images:
+        reference = image_tags(image)[0]
+        entry = {"image": image.id, "reference": reference, "gpus": gpus}
+        progress(f"{image.id}: the smoke suite in {reference} ({'all GPUs' if gpus else 'CPU only'})")
+        try:
+            run = run_image_suite(client, reference, expected_versions(image.versions), gpus=gpus)
+            counts = run.counts()
+            entry.update(result="failed" if run.failed else "passed", document=run.document,
+                         checks=", ".join(f"{count} {status}" for status, count in sorted(counts.items())))
+            for failed in run.failed:
+                progress(f"{image.id}: {failed['check']} failed: {failed['reason']}", "bold red")
+        except GpuprovError as exc:
+            entry.update(result="failed", error=exc.to_dict(), checks="-")
+            progress(str(exc), "bold red")
+        results.append(entry)
+    _finish("images.test", reports, "images-test", {"gpus": gpus, "images": results}, json_,
+            columns=["image", "result", "checks"])
+
+
+@task(iterable=["name"], help={"name": NAME_HELP, "registry": "registry to push to, such as 127.0.0.1:5000",
+                               "json": "print exactly one JSON document"})
+@exits_cleanly
+def push(c, name=None, registry=None, json_=False):
+    """Tag built images for a registry and push them, with each layer's progress (credentials from
+    GPUPROV_REGISTRY_USER/GPUPROV_REGISTRY_PASSWORD or docker login, never on a command line)."""
+    from gpuprov.config import path_setting
+    from gpuprov.errors import GpuprovError, InputError
+    from gpuprov.images.build import engine_client, existing_image
+    from gpuprov.images.labels import provenance
+    from gpuprov.images.spec import load_specs
+    from gpuprov.images.tags import check_registry
+    from gpuprov.report import check_folder
+
+    registry = check_registry(registry)
+    if not registry:
+        raise InputError("--registry is required: the registry to push to, such as 127.0.0.1:5000",
+                         step="images.push")
+    images = _selected(load_specs(), name)
+    reports = path_setting(c, "reports")
+    check_folder("gpuprov.reports", reports, write=True)
+    progress = _progress(quiet=json_)
+    client = engine_client()
+    revision = provenance().revision
+    results = []
+    for image in images:
+        tags = _tags(image, registry, revision)
+        entry = {"image": image.id, "tags": tags}
+        try:
+            found = existing_image(client.api, tags[:1])
+            if found is None:
+                raise GpuprovError(f"{tags[0]} is not built on this engine", step="images.push",
+                                   hint=f"build it first: invoke images.build --name {image.id}")
+            for reference in tags:   # an image unchanged since an older commit gets this commit's tags too
+                repository, _, tag = reference.rpartition(":")
+                client.api.tag(found["Id"], repository, tag, force=True)
+            entry.update(result="pushed", pushed=_push(client, tags, registry, progress))
+        except GpuprovError as exc:
+            entry.update(result="failed", error=exc.to_dict())
+            progress(str(exc), "bold red")
+        results.append(entry)
+    _finish("images.push", reports, "images-push", {"registry": registry, "images": results}, json_,
+            columns=["image", "result", "pushed"])
+
+
+@host_task(help={
+    "name": "the image id (or a spec name with one image) to run; the command to run follows `--`",
+    "registry": "the registry as the hosts reach it, such as 10.0.0.5:5000 (default: the hosts' images.registry)",
+    "detach": "start the container in the background and return (default: wait, print its output, remove it)",
+    "container": "the container's name (default: gpuprov-<name>-<UTC time>)",
+    "json": "print exactly one JSON document",
+})
+def run(c, host=None, group=None, all=False, inventory=None, parallel=None, trust_new_hosts=False, name=None,
+        registry=None, detach=False, container=None, json_=False):
+    """Pull an image on hosts and start it with the flags a PyTorch job needs: images.run --host H --name N [-- CMD].
+
+    `--gpus all` (where the host has GPUs), `--ipc=host` (or the host's images.shm_size), `--ulimit memlock=-1
+    --ulimit stack=67108864`, the data_dir and images.output_dir mounts. A host whose driver is older than the
+    image's io.gpuprov.min-driver is refused before anything is pulled (unless its stack uses forward
+    compatibility). A host whose lock records the image pulls the locked digest."""
+    import sys
+
+    from gpuprov.config import path_setting
+    from gpuprov.errors import InputError
+    from gpuprov.executor import run_on_hosts
+    from gpuprov.images.labels import MIN_DRIVER, image_labels
+    from gpuprov.images.run import check_container, container_name, run_image, run_vars
+    from gpuprov.images.spec import load_specs
+    from gpuprov.images.tags import check_registry, repository
+    from gpuprov.report import progress_printer
+    from gpuprov.stack.lock import locked_images, locks_for
+    from gpuprov.tasks._common import run_settings, select_hosts
+
+    if not name:
+        raise InputError("--name is required: the image to run (invoke images.list shows them)", step="images.run")
+    chosen = _selected(load_specs(), [name])
+    if len(chosen) != 1:
+        raise InputError(f"--name {name} selects {len(chosen)} images: name one of {', '.join(i.id for i in chosen)}",
+                         step="images.run")
+    image = chosen[0]
+    registry = check_registry(registry)
+    check_container(container)
+    command = remainder(sys.argv)
+    inv, hosts = select_hosts(c, host, group, all, inventory)
+    settings = {h.name: run_vars(h) for h in hosts}
+    registries = {h.name: registry or settings[h.name].registry for h in hosts}
+    missing = sorted(name for name, value in registries.items() if not value)
+    if missing:
+        raise InputError(f"no registry for {', '.join(missing)}: give --registry, or set the hosts' images.registry",
+                         step="images.run")
+    locks_dir = path_setting(c, "locks")
+    stacks, locked = locks_for(hosts, locks_dir), locked_images(hosts, locks_dir)
+    label = image_labels(image).get(MIN_DRIVER)
+    name_of = container or container_name(image.name)
+    printer = progress_printer(quiet=json_)
+
+    def work(conn):
+        h = conn.host
+        pinned = next((entry for entry in locked.get(h.name, []) if entry["name"] == image.id), None)
+        base = repository(image, registries[h.name])
+        reference = f"{base}@{pinned['digest']}" if pinned else f"{base}:{image.version_tag}"
+        stack = stacks.get(h.name) or (h.vars.get("stack") or {})
+        return run_image(conn, reference, min_driver=pinned["min_driver"] if pinned else label,
+                         forward_compat=bool(stack.get("forward_compat")), settings=settings[h.name],
+                         container=name_of, detach=detach, command=command, say=lambda what: printer(h, what))
+
+    outcomes = run_on_hosts(hosts, work, run_settings(c, inv, trust_new_hosts=trust_new_hosts, parallel=parallel),
+                            jump_of=inv.jump_host, on_event=printer)
+    _report_runs(outcomes, json_)
+
+
+def remainder(argv: list[str]) -> list[str]:
+    """The words after the first `--` of the command line (the command to run in the container), as given."""
+    return argv[argv.index("--") + 1:] if "--" in argv else []
+
+
+def _report_runs(outcomes, json_: bool) -> None:
+    """Each host's run (its output, or its error) and exit 1 when one failed."""
+    from invoke.exceptions import Exit
+
+    from gpuprov.json_text import dump_json
+    from gpuprov.report import console, styled
+
+    if json_:
+        print(dump_json({"hosts": [o.value.to_dict() if o.ok else {"host": o.host.name, "error": o.error.to_dict()}
+                                   for o in outcomes]}))
+    else:
+        out = console()
+        for outcome in outcomes:
+            if not outcome.ok:
+                for line in str(outcome.error).splitlines():
+                    out.print(styled(line, "bold red"), soft_wrap=True)
+                continue
+            started = outcome.value
+            if started.note:
+                out.print(styled(f"[{started.host}] note: {started.note}", "yellow"), soft_wrap=True)
+            out.print(styled(f"[{started.host}] {started.command}", "dim"), soft_wrap=True)
+            for line in (started.stdout + started.stderr).splitlines():
+                out.print(styled(f"[{started.host}] {line}"), soft_wrap=True)
+    if any(not outcome.ok for outcome in outcomes):
+        raise Exit(code=1)
