@@ -12,6 +12,8 @@ import shlex
 GPU_DAEMONS = frozenset(name for daemon in ("nvidia-persistenced", "nv-hostengine", "nv-fabricmanager", "nvidia-smi",
                                             "nvidia-powerd", "dcgm-exporter", "nvidia-cuda-mps-server")
                         for name in (daemon, daemon[:15]))
+# gpuprov's own monitoring container (gpuprov.monitoring.exporters.CONTAINER): not work, and it restarts by itself.
+INFRA_CONTAINERS = frozenset({"gpuprov-dcgm-exporter"})
 # What each kind of disruption interrupts: a Docker restart only stops containers.
 CONTAINERS_ONLY = frozenset({"Docker restart"})
 REFUSED_RC = 75  # EX_TEMPFAIL: the step was refused because work runs there; rerun when the host is idle
@@ -35,6 +37,8 @@ def running_work(facts: dict, containers_only: bool = False) -> list[str]:
     if containers is None and (facts.get("docker") or {}).get("active"):
         work.append("containers unknown: `docker ps` did not answer")
     for container in containers or []:
+        if container.get("name") in INFRA_CONTAINERS:
+            continue
         work.append(f"container {container.get('name')} ({container.get('image')})")
     if not containers_only:
         work += [f"Slurm job {job}" for job in facts.get("slurm_jobs") or []]
@@ -51,7 +55,9 @@ def guard(disruption: str) -> str:
     # a Docker that does not answer is not taken for one without containers
     containers = ("if command -v docker >/dev/null 2>&1; then "
                   "if c=$(timeout 20 docker ps --format 'container {{.Names}} ({{.Image}})'); then "
-                  "printf '%s\\n' \"$c\" | sed '/^$/d'; elif systemctl is-active -q docker; then "
+                  "printf '%s\\n' \"$c\" | sed '/^$/d' | grep -Ev " + shlex.quote(
+                      "^container (" + "|".join(sorted(INFRA_CONTAINERS)) + ") ") + "; "
+                  "elif systemctl is-active -q docker; then "
                   "echo 'containers unknown: `docker ps` did not answer'; fi; fi")
     checks = [containers]
     if disruption not in CONTAINERS_ONLY:

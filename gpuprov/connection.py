@@ -200,6 +200,13 @@ class HostConnection:
         transport = self._conn.transport if self._conn is not None else None
         return transport.get_remote_server_key().get_name() if transport is not None else None
 
+    def open_tunnel(self, port: int, address: str = "127.0.0.1", timeout: int | None = None):
+        """A socket-like paramiko channel to `address:port` as the host itself reaches it (SSH direct-tcpip, as
+        `ssh -L` does): for a service that listens on the host's loopback or behind its firewall."""
+        self.open()
+        return self._conn.transport.open_channel("direct-tcpip", (address, port), ("127.0.0.1", 0),
+                                                 timeout=timeout or self.connect_timeout)
+
     def _via(self, hop) -> str:
         """`jump host NAME: ` when the hop that failed is the jump host, else nothing."""
         return f"jump host {hop.name}: " if hop is not self.host else ""

@@ -127,6 +127,20 @@ def facts_table(outcomes) -> None:
     print(f"{len(outcomes) - failed} hosts answered, {failed} failed", file=sys.stderr)
 
 
+def print_plan(host: str, plan: list[dict]) -> None:
+    """A host's planned changes and their diffs, as --dry-run shows them; every value printed literally."""
+    from rich.text import Text
+
+    from gpuprov.errors import literal, literal_lines
+
+    out = console()
+    out.print(styled(literal(host), "bold"), f": {len(plan)} changes", sep="")
+    for change in plan:
+        out.print(Text.assemble(styled(f"  {change['component']:>13} ", "cyan"), styled(change["summary"])))
+        if change.get("diff"):
+            out.print("    " + literal_lines(change["diff"].rstrip()).replace("\n", "\n    "))
+
+
 def write_json_report(folder: str | Path, kind: str, payload: dict) -> Path:
     """The project's one report writer: reports/<kind>-<UTC timestamp>.json, masked, never overwriting another
     run's report (a second report in the same second gets -2, -3, ...); <kind>-latest.json is replaced
@@ -294,67 +308,12 @@ def junit_report(hosts: list[dict]) -> str:
     return to_xml_report_string(suites, prettyprint=True)
 
 
-def _per_gpu(figures: dict, names: tuple[str, ...]):
-    """(gpu label, figure name, value) for each GPU of a perf result: its `per_gpu` figures, given as
-    {"0": {"bf16_tflops": ..}, ...} or as a list of such mappings (in GPU order, or with an "index"); without
-    them the result's own figure (the minimum over GPUs) with gpu="all"."""
-    per_gpu = figures.get("per_gpu")
-    rows = []
-    if isinstance(per_gpu, dict):
-        rows = [(str(index), values) for index, values in per_gpu.items()]
-    elif isinstance(per_gpu, list):
-        rows = [(str(values.get("index", position)) if isinstance(values, dict) else str(position), values)
-                for position, values in enumerate(per_gpu)]
-    found = False
-    for label, values in rows:
-        if not isinstance(values, dict):
-            continue
-        for name in names:
-            value = values.get(name)
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                found = True
-                yield label, name, float(value)
-    if not found:
-        for name in names:
-            value = figures.get(name)
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                yield "all", name, float(value)
-
-
 def prometheus_textfile(host: dict, timestamp: float) -> str:
-    """A host's Prometheus textfile (prometheus_client's exposition format) for node_exporter's textfile
-    collector: gpuprov_check_ok{host,check}, gpuprov_matmul_tflops{host,gpu,dtype},
-    gpuprov_copy_gbps{host,gpu,direction}, gpuprov_allreduce_busbw_gbps{host},
-    gpuprov_validate_timestamp_seconds{host}."""
-    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+    """A host's Prometheus textfile for node_exporter's textfile collector: the suite's own writer
+    (gpuprov.smoke.textfile, which the host's idle-GPU validation timer also uses), so both write the same."""
+    from gpuprov.smoke.textfile import validation_textfile
 
-    name = host["host"]
-    registry = CollectorRegistry()
-    ok = Gauge("gpuprov_check_ok", "1 when the validation check passed; 0 when it failed, warned or was skipped",
-               ["host", "check"], registry=registry)
-    matmul = Gauge("gpuprov_matmul_tflops", "Dense matmul throughput per GPU (TFLOP/s)", ["host", "gpu", "dtype"],
-                   registry=registry)
-    copy = Gauge("gpuprov_copy_gbps", "Copy bandwidth per GPU (GB/s): d2d on the device, h2d and d2h from pinned "
-                 "host memory", ["host", "gpu", "direction"], registry=registry)
-    busbw = Gauge("gpuprov_allreduce_busbw_gbps", "NCCL all-reduce bus bandwidth across the host's GPUs (GB/s)",
-                  ["host"], registry=registry)
-    stamp = Gauge("gpuprov_validate_timestamp_seconds", "When gpuprov validate last judged the host (Unix time)",
-                  ["host"], registry=registry)
-    for item in host.get("results") or []:
-        ok.labels(name, item["check"]).set(1 if item["status"] == "pass" else 0)
-        figures = item.get("figures") or {}
-        if item["check"] == "perf.matmul":
-            for gpu, figure, value in _per_gpu(figures, ("bf16_tflops", "fp16_tflops", "tf32_tflops", "fp32_tflops")):
-                matmul.labels(name, gpu, figure.removesuffix("_tflops")).set(value)
-        elif item["check"] == "perf.copy":
-            for gpu, figure, value in _per_gpu(figures, ("d2d_gbs", "h2d_gbs", "d2h_gbs")):
-                copy.labels(name, gpu, figure.removesuffix("_gbs")).set(value)
-        elif item["check"] == "perf.allreduce" and isinstance(figures.get("busbw_gbs"), int | float):
-            busbw.labels(name).set(float(figures["busbw_gbs"]))
-    if host.get("error"):
-        ok.labels(name, "validation").set(0)
-    stamp.labels(name).set(timestamp)
-    return generate_latest(registry).decode()
+    return validation_textfile(host["host"], host.get("results") or [], timestamp, failed_run=bool(host.get("error")))
 
 
 def _figures_text(figures: dict, limit: int = 6) -> str:

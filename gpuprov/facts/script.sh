@@ -21,10 +21,11 @@ s packages
 if have dpkg-query; then
   dpkg-query -W -f='${db:Status-Abbrev}\t${Package}\t${Version}\n' 'nvidia*' 'libnvidia*' 'cuda*' 'libcuda*' \
     'libnccl*' 'datacenter-gpu-manager*' 'libxnvctrl*' 'xserver-xorg-video-nvidia*' 'nvlsm*' 'dkms' \
-    'linux-headers-*' 'linux-image-*' 'docker.io' 'docker-ce' 'unattended-upgrades' 2>/dev/null | grep '^[ih]i'
+    'linux-headers-*' 'linux-image-*' 'docker.io' 'docker-ce' 'unattended-upgrades' 'prometheus' \
+    'prometheus-node-exporter' 2>/dev/null | grep '^[ih]i'
 elif have rpm; then
   rpm -qa --qf 'ii \t%{NAME}\t%{EPOCH}:%{VERSION}-%{RELEASE}\n' 2>/dev/null |
-    grep -E '	(nvidia|libnvidia|cuda|libcuda|libnccl|datacenter-gpu-manager|dkms|kmod-nvidia|kernel-devel|kernel-headers|docker|moby|python3-dnf-plugin-versionlock|nvlsm)'
+    grep -E '	(nvidia|libnvidia|cuda|libcuda|libnccl|datacenter-gpu-manager|dkms|kmod-nvidia|kernel-devel|kernel-headers|docker|moby|python3-dnf-plugin-versionlock|nvlsm|prometheus)'
 fi
 s secure-boot
 if [ -d /sys/firmware/efi ]; then
@@ -49,7 +50,8 @@ fi
 s ctk; have nvidia-ctk && nvidia-ctk --version 2>/dev/null
 s services
 have systemctl && systemctl show -p Id,LoadState,UnitFileState,ActiveState docker nvidia-fabricmanager \
-  nvidia-dcgm nvidia-persistenced nvlsm unattended-upgrades cloud-init 2>/dev/null
+  nvidia-dcgm nvidia-persistenced nvlsm unattended-upgrades cloud-init prometheus-node-exporter prometheus \
+  nvidia-dcgm-exporter gpuprov-drift.timer gpuprov-validate-idle.timer 2>/dev/null
 s fabricmanager; have nv-fabricmanager && nv-fabricmanager --version 2>/dev/null
 s dcgm; have dcgmi && dcgmi --version 2>/dev/null
 s reboot-required; [ -f /var/run/reboot-required ] && echo yes

@@ -3,9 +3,10 @@ whether a given source reaches a port under them (the lockout check asks that of
 
 Inbound: default drop; established/related, loopback and the ICMP/ICMPv6 types networks need are accepted;
 everything from the cluster networks; SSH from the `firewall.allow` entry for the SSH port (from anywhere when
-there is none); the other `firewall.allow` entries; the service ports. Connections DNATed to containers (ports
-published by Docker) pass the same allow list in a forward chain that runs before Docker's own (priority
-filter - 1): the port compared is the one published on the host. Only gpuprov's table, `inet gpuprov`, is
+there is none); the other `firewall.allow` entries; the service ports; the exporters `monitoring.deploy` runs
+(node_exporter 9100, dcgm-exporter 9400) from monitoring_cidrs, where the host has them. Connections DNATed to
+containers (ports published by Docker) pass the same allow list in a forward chain that runs before Docker's own
+(priority filter - 1): the port compared is the one published on the host. Only gpuprov's table, `inet gpuprov`, is
 replaced; Docker's tables and any other are never flushed.
 """
 
@@ -80,7 +81,20 @@ def build_rules(variables: dict, ssh_ports: list[int]) -> list[Rule]:
             sources = variables.get(f"{sources}_cidrs") or []
         rules.append(Rule(service["name"], service["proto"], service["port"],
                           None if sources is None else networks(sources)))
+    monitoring = variables.get("monitoring_cidrs") or []
+    taken = {(rule.port, rule.proto) for rule in rules}
+    for name, port in exporter_ports(variables).items():
+        if monitoring and (port, "tcp") not in taken:
+            rules.append(Rule(name, "tcp", port, networks(monitoring)))
     return rules
+
+
+def exporter_ports(variables: dict) -> dict[str, int]:
+    """The ports `monitoring.deploy` makes the host's exporters listen on: open from monitoring_cidrs only."""
+    from gpuprov.monitoring.policy import EXPORTER_PORTS
+
+    mode = (variables.get("monitoring") or {}).get("dcgm_exporter")
+    return {name: port for name, port in EXPORTER_PORTS.items() if not (name == "dcgm-exporter" and mode == "none")}
 
 
 def reaches(rules: list[Rule], address: str, proto: str, port: int) -> bool:

@@ -21,9 +21,7 @@ def shown(value) -> str:
 
 def print_hosts(runs: list[dict], dry_run: bool, confirm_timeout: int) -> None:
     """Per host: refusals, what --i-have-console-access let through, the plan (dry run), the guard's outcome."""
-    from rich.text import Text
-
-    from gpuprov.report import console, styled
+    from gpuprov.report import console, print_plan, styled
 
     out = console()
     for run in runs:
@@ -48,11 +46,7 @@ def print_hosts(runs: list[dict], dry_run: bool, confirm_timeout: int) -> None:
                 out.print(f"    {literal(line)}")
         if not dry_run or not run.get("plan"):
             continue
-        out.print(styled(host, "bold"), f": {len(run['plan'])} changes", sep="")
-        for change in run["plan"]:
-            out.print(Text.assemble(styled(f"  {change['component']:>9} ", "cyan"), styled(change["summary"])))
-            if change.get("diff"):
-                out.print("    " + literal_lines(change["diff"].rstrip()).replace("\n", "\n    "))
+        print_plan(run["host"], run["plan"])
         if any(change["component"] in ("ssh", "firewall") for change in run["plan"]):
             out.print(f"  the ssh and firewall changes run behind the host's own revert: undone after "
                       f"{confirm_timeout}s unless a new SSH connection from gpuprov confirms them")

@@ -1,5 +1,6 @@
-"""The validated variables: hardware, stack, mirror, firewall, container_engine and the hardening variables
-(gpuprov.inventory.hardening); any other variable is data.
+"""The validated variables: hardware, stack, mirror, firewall, container_engine, the hardening variables
+(gpuprov.inventory.hardening) and the monitoring variables (gpuprov.inventory.monitoring); any other variable is
+data.
 
 Stack pins and the GPU model are checked by gpuprov.stack.inputs (stack_pin, gpu_model), the one place that
 owns those rules, so the inventory accepts exactly what the resolver accepts, and keeps the normalized form.
@@ -20,10 +21,11 @@ from gpuprov.inventory.hardening import HARDENING_VARS, HardeningVariables
 from gpuprov.inventory.levels import INVALID, as_mapping, known_keys
 from gpuprov.inventory.located import Located
 from gpuprov.inventory.model import is_valid_address
+from gpuprov.inventory.monitoring import MONITORING_VARS, MonitoringVariables
 from gpuprov.inventory.settings import local_path, port_number
 from gpuprov.stack.inputs import PinError, gpu_model, stack_pin
 
-KNOWN_VARS = ("hardware", "stack", "mirror", "firewall", "container_engine", *HARDENING_VARS)
+KNOWN_VARS = ("hardware", "stack", "mirror", "firewall", "container_engine", *HARDENING_VARS, *MONITORING_VARS)
 CONTAINER_ENGINES = ("docker",)
 _HEX40 = re.compile(r"[0-9A-Fa-f]{40}")
 _URL_FORBIDDEN = re.compile(r"[\s\"'`\\<>]")
@@ -31,7 +33,7 @@ _URL_FORBIDDEN = re.compile(r"[\s\"'`\\<>]")
 Check = Callable[[Any, tuple], Any]
 
 
-class VariableSchema(HardeningVariables):
+class VariableSchema(HardeningVariables, MonitoringVariables):
     """Checks a level's variables where they are written; a refused one is left out (its error recorded)."""
 
     def __init__(self, doc: Located, base: Path):
@@ -42,7 +44,7 @@ class VariableSchema(HardeningVariables):
         """The checked (normalized) value of variable `key`, or INVALID."""
         checker = {"hardware": self.hardware, "stack": self.stack, "mirror": self.mirror,
                    "firewall": self.firewall, "container_engine": self.container_engine}.get(key)
-        checker = checker or self.hardening_checker(key)
+        checker = checker or self.hardening_checker(key) or self.monitoring_checker(key)
         return checker(value, path) if checker else value
 
     def struct(self, value: Any, path: tuple, what: str, fields: dict[str, Check], required: tuple = ()) -> Any:

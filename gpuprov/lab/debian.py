@@ -1,6 +1,6 @@
-"""Real Debian packages for the lab mirror: Docker (`docker.io`), `prometheus-node-exporter`, and what `invoke
-harden` and its judges use (`unattended-upgrades`, `lynis`), with every dependency a bare lab host lacks, downloaded
-once on the controller with `apt-get download`.
+"""Real Debian packages for the lab mirror: Docker (`docker.io`), what `invoke monitoring` installs
+(`prometheus-node-exporter`, `prometheus`), and what `invoke harden` and its judges use (`unattended-upgrades`,
+`lynis`), with every dependency a bare lab host lacks, downloaded once on the controller with `apt-get download`.
 
 Lab hosts have no Debian mirror: the lab mirror is their only package source, so it serves these real .debs
 beside the stand-ins. Which packages are needed is what apt itself would install on a lab host: an
@@ -32,7 +32,7 @@ from gpuprov.errors import GpuprovError
 from gpuprov.lab.state import LabPaths
 
 # What lab hosts can install from the lab mirror besides the stand-ins.
-DEBIAN_PACKAGES = ("docker.io", "prometheus-node-exporter", "unattended-upgrades", "lynis")
+DEBIAN_PACKAGES = ("docker.io", "prometheus-node-exporter", "prometheus", "unattended-upgrades", "lynis")
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 MANIFEST = "manifest.json"
 _INST = re.compile(r"^Inst (\S+) (?:\[\S+\] )?\((\S+) ")

@@ -13,6 +13,8 @@ GPU 0, or for gpu-missing the last GPU). The names and what each changes are the
     driver-mismatch     every query: "Failed to initialize NVML: Driver/library version mismatch", rc 18 (and
                         `docker run --gpus` fails as nvidia-container-cli does)
     gpu-process         a compute process (pid 4242, python3, 1024 MiB) on the GPU
+    gpu-busy            utilization.gpu = 100 % and gpu-process's compute process on the GPU (a GPU in use; the
+                        lab's dcgm-exporter stand-in shows DCGM_FI_DEV_GPU_UTIL 100 for it)
 
     set_faults(host, "ecc-uncorrectable", Fault("pcie-x8", 3))   replace the host's faults
     clear_faults(host)                                           none

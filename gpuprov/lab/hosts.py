@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import ipaddress
 import json
 import os
 import shutil
@@ -65,16 +66,62 @@ def lab_containers(client) -> list:
     return sorted(found, key=lambda c: (len(c.name), c.name))
 
 
+# The internal network's address plan: a subnet of its own (the first of these Docker accepts: it refuses one that
+# overlaps a network it has), each host at a fixed address from its index, dynamic addresses (mirror, registry) from
+# the upper half. A host keeps its address when its container restarts, as after a reboot: Docker would otherwise
+# hand out the addresses again in the order the containers come back, and swap them under the inventory.
+SUBNETS = tuple(f"10.{second}.{third}.0/24" for second in (213, 214) for third in range(0, 256, 16))
+HOST_OFFSET = 10
+
+
 def ensure_network(client, progress: Callable[[str], None] = print):
-    """The lab's internal network (no route out), created once."""
+    """The lab's internal network (no route out), created once, with a subnet of its own."""
+    import docker.errors
+    from docker.types import IPAMConfig, IPAMPool
+
     for network in client.networks.list(names=[NETWORK]):
         if network.name == NETWORK:
             if (network.attrs.get("Labels") or {}).get(LABEL) != "1":
                 raise GpuprovError(f"a network named {NETWORK} exists but is not the lab's", step="lab network",
                                    hint=f"remove or rename it (docker network rm {NETWORK})")
-            return network
-    progress(f"network: creating {NETWORK} (internal)")
-    return client.networks.create(NETWORK, driver="bridge", internal=True, labels=LABELS, check_duplicate=True)
+            if _subnet(network) is not None:
+                return network
+            progress(f"network: replacing {NETWORK} (made without a subnet of its own)")
+            try:
+                network.remove()
+            except docker.errors.APIError as exc:
+                raise GpuprovError(f"{NETWORK} was made by an older lab and is still in use: {exc.explanation}",
+                                   step="lab network", hint="run `invoke lab.down`, then `invoke lab.up`") from None
+    for subnet in SUBNETS:
+        base = ipaddress.ip_network(subnet)
+        pool = IPAMPool(subnet=subnet, iprange=str(list(base.subnets(new_prefix=base.prefixlen + 1))[1]))
+        try:
+            network = client.networks.create(NETWORK, driver="bridge", internal=True, labels=LABELS,
+                                             check_duplicate=True, ipam=IPAMConfig(pool_configs=[pool]))
+        except docker.errors.APIError as exc:
+            if "overlap" in str(exc).lower():
+                continue
+            raise
+        progress(f"network: created {NETWORK} (internal, {subnet})")
+        return network
+    raise GpuprovError(f"every subnet the lab can use for {NETWORK} overlaps a Docker network here", step="lab network",
+                       command="docker network ls", hint=f"remove unused networks; the lab tries {', '.join(SUBNETS)}")
+
+
+def _subnet(network) -> ipaddress.IPv4Network | None:
+    config = (network.attrs.get("IPAM") or {}).get("Config") or []
+    subnet = config[0].get("Subnet") if config else None
+    return ipaddress.ip_network(subnet) if subnet and ":" not in subnet else None
+
+
+def host_address(network, index: int) -> str:
+    """The fixed internal address of lab host `index` (1, 2, ...): in the lower half of the subnet."""
+    subnet = _subnet(network)
+    address = subnet.network_address + HOST_OFFSET + index
+    if address not in subnet or address >= subnet.network_address + subnet.num_addresses // 2:
+        raise GpuprovError(f"lab host {index} has no fixed address left in {subnet}", step="lab network",
+                           hint="use fewer lab hosts")
+    return str(address)
 
 
 def _port_free(port: int) -> bool:
@@ -123,7 +170,7 @@ def create_host(client, index: int, profile: Profile, image: str, paths: LabPath
         image, name=name, hostname=name, detach=True, labels=labels, network="bridge",
         ports={"22/tcp": ("127.0.0.1", port)}, **RUN_OPTIONS)
     container.put_archive("/", _host_files(profile, key, pub))
-    network.connect(container, aliases=[name])
+    network.connect(container, aliases=[name], ipv4_address=host_address(network, index))
     container.start()
 
 

@@ -30,6 +30,10 @@ NOT_NVIDIA = "gpuprov lab stand-in, not NVIDIA software"
 LIB = "usr/lib/gpuprov-lab"
 UNITS = "lib/systemd/system"
 MODULE_UNIT = "gpuprov-lab-nvidia-module.service"
+# The dcgm-exporter stand-in (files/standins/dcgm-exporter-standin), its unit (NVIDIA's name and settings) and the
+# default counters file it ships (NVIDIA's default fields that it simulates).
+EXPORTER_STANDIN = "dcgm-exporter-standin"
+EXPORTER_DEFAULT_COUNTERS = "dcgm-exporter-default-counters.csv"
 TRIPLETS = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
 # Mutually exclusive stand-ins (another branch replaces the installed one, as NVIDIA's packages do).
 EXCLUSIVE = {"driver": "gpuprov-lab-nvidia-driver", "driver_pinning": "gpuprov-lab-nvidia-driver-pinning",
@@ -284,7 +288,36 @@ def standin_packages(stacks: list[dict], kernel: str) -> list[PackageSpec]:
                 seen.setdefault((name, version), PackageSpec(name, version, role, upstream))
     for spec in (kernel_headers_spec(kernel), DKMS):
         seen.setdefault((spec.name, spec.version), spec)
+    for stack in stacks:
+        exporter = dcgm_exporter_spec(str((stack.get("dcgm") or {}).get("version") or ""))
+        if exporter is not None:
+            seen.setdefault((exporter.name, exporter.version), exporter)
     return expand(list(seen.values()))
+
+
+def dcgm_exporter_spec(dcgm_version: str) -> PackageSpec | None:
+    """The dcgm-exporter package paired with a DCGM release (gpuprov/data/dcgm_exporter.yaml: NVIDIA's name,
+    `<exporter>-<release>`), as a stand-in; None for a DCGM release without a pairing there."""
+    from gpuprov.stack.data import table
+
+    data = table("dcgm_exporter")
+    row = data["releases"].get(dcgm_version)
+    if not row:
+        return None
+    exporter = str(row["exporter"])
+    epoch = f"{data['apt_epoch']}:" if data.get("apt_epoch") else ""
+    return PackageSpec(str(data["package"]), f"{epoch}{exporter}-{data['package_release']}", "dcgm_exporter",
+                       exporter)
+
+
+def dcgm_exporter_tag(exporter_version: str) -> str:
+    """"<dcgm>-<exporter>" (what `dcgm-exporter --version` prints) of an exporter release of the data."""
+    from gpuprov.stack.data import table
+
+    for dcgm, row in table("dcgm_exporter")["releases"].items():
+        if str(row["exporter"]) == exporter_version:
+            return f"{dcgm}-{exporter_version}"
+    return exporter_version
 
 
 # The lab hosts see no Debian mirror (an air-gapped site), so what the driver pulls from Debian is here too.
@@ -518,6 +551,13 @@ def package_contents(spec: PackageSpec, gpu_table: dict, arch: str = "amd64") ->
             out.scripts["postinst"] = out.scripts["postrm"] = _reload_script()
         else:
             out.add(f"usr/lib/{triplet}/datacenter-gpu-manager-4/{spec.name}", _marker(spec))
+    elif role == "dcgm_exporter":
+        # NVIDIA's layout (dcgm-exporter package-build): /usr/bin/dcgm-exporter, /etc/dcgm-exporter/, the unit
+        out.add(f"{LIB}/{EXPORTER_STANDIN}", _template(EXPORTER_STANDIN, dcgm_exporter_tag(v)), 0o755)
+        out.links["usr/bin/dcgm-exporter"] = f"/{LIB}/{EXPORTER_STANDIN}"
+        out.add("etc/dcgm-exporter/default-counters.csv", _template(EXPORTER_DEFAULT_COUNTERS))
+        out.add(f"{UNITS}/nvidia-dcgm-exporter.service", _template("nvidia-dcgm-exporter.service"))
+        out.scripts["postinst"] = out.scripts["postrm"] = _reload_script()
     elif role == "kernel_headers":
         out.add(f"usr/src/linux-headers-{v}/Makefile", "# " + _marker(spec).replace(NOT_NVIDIA, "gpuprov lab "
                 "stand-in, not Debian's kernel headers"))

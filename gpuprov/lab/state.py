@@ -100,12 +100,20 @@ def lab_validate_vars() -> dict:
             "image_ulimits": {"memlock": None}}
 
 
+# What `invoke monitoring.*` needs on lab hosts (the `lab` group's `monitoring:`): the lab mirror serves the
+# dcgm-exporter stand-in as NVIDIA's package, so the exporter runs as its service (lab hosts pull no images from
+# NVIDIA's registry); a short scrape interval and drift period keep the lab tests short.
+def lab_monitoring_vars() -> dict:
+    return {"dcgm_exporter": "service", "scrape_interval_s": 5, "drift_interval_min": 1}
+
+
 def inventory_document(hosts: list[LabHost], paths: LabPaths, lab_vars: dict | None = None) -> dict:
     """The native inventory for the lab hosts (data only; `render_inventory` adds the header).
 
     lab_vars are the `lab` group's variables (the lab mirror's `mirror:` settings); the group also gets
-    `validate:` (lab_validate_vars). Each host's `cluster_address` is its internal IP (the network the hosts
-    share, where the multi-node rendezvous runs). Each profile's group carries the profile's `vars` from
+    `validate:` (lab_validate_vars) and `monitoring:` (lab_monitoring_vars). Each host's `cluster_address` and
+    `monitoring_address` is its internal IP (the network the hosts share: the multi-node rendezvous runs there, and
+    Prometheus on a lab host scrapes the others there). Each profile's group carries the profile's `vars` from
     profiles.yaml (`container_engine: docker` for the HGX profiles).
     """
     from gpuprov.lab.profiles import load_profiles
@@ -123,11 +131,13 @@ def inventory_document(hosts: list[LabHost], paths: LabPaths, lab_vars: dict | N
                 "groups": ["lab", h.profile],
                 "vars": {"hardware": dict(h.hardware),
                          "lab": {"profile": h.profile, "internal_ip": h.internal_ip},
-                         **({"cluster_address": h.internal_ip} if h.internal_ip else {})},
+                         **({"cluster_address": h.internal_ip, "monitoring_address": h.internal_ip}
+                            if h.internal_ip else {})},
             }
             for h in hosts
         },
-        "groups": {"lab": {"vars": {"validate": lab_validate_vars(), **(lab_vars or {})}},
+        "groups": {"lab": {"vars": {"validate": lab_validate_vars(), "monitoring": lab_monitoring_vars(),
+                                    **(lab_vars or {})}},
                    **{p: {"vars": dict(known[p].vars) if p in known else {}} for p in profiles}},
     }
 

@@ -1,4 +1,4 @@
-"""The suite's runner: `python -m smoke --config FILE [--only a,b] [--level quick|burn-in] [--strict]`.
+"""The suite's runner: `python -m smoke --config FILE [--only a,b] [--level quick|burn-in] [--strict] [--textfile P]`.
 
 It imports every module of the suite's folder (all `*.py` but core, isolation, runner and __main__: the suite is a plain
 folder on the host, so the file listing is the registry's source), selects the registered checks for the level
@@ -15,6 +15,7 @@ It prints ONE JSON document on stdout (progress goes to stderr):
                   "docker"},
      "results": [Result.to_dict(), ...]}
 
+`--textfile PATH` also writes the results as a Prometheus textfile (gpuprov.smoke.textfile), replaced atomically.
 `--strict` (or the config's `strict`) turns skip and warn into fail, the reason kept behind "strict: ". Exit
 status: 0 when no result failed, 1 when one did, 2 for bad usage (unreadable config, unknown check).
 """
@@ -38,9 +39,10 @@ from pathlib import Path
 
 from .core import FAIL, LEVELS, PACKAGE, REGISTRY, SKIP, STATUSES, SUITE_DIR, WARN, Check, Context, Result
 from .isolation import fork_is_safe, on_term, run_isolated
+from .textfile import validation_textfile, write_textfile
 
 SCHEMA = 1
-NOT_CHECKS = {"__init__", "__main__", "core", "isolation", "runner"}
+NOT_CHECKS = {"__init__", "__main__", "core", "isolation", "runner", "textfile"}
 GROUPS = ("host", "sizing", "software", "train", "infer", "perf", "tools")
 TORCH_GROUPS = ("train", "infer", "perf")   # the checks that import torch
 VERSIONS_TIMEOUT = 120
@@ -236,6 +238,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--level", choices=LEVELS, help="quick (default) or burn-in")
     parser.add_argument("--strict", action="store_true", help="skip and warn count as fail")
     parser.add_argument("--list", action="store_true", help="list the checks for the level and exit")
+    parser.add_argument("--textfile", help="also write the results as a Prometheus textfile to this path "
+                                           "(node_exporter's textfile collector folder)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--module", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -322,4 +326,6 @@ def main(argv: list[str] | None = None) -> int:
     }
     sys.stdout.write(json.dumps(document, default=str) + "\n")
     sys.stdout.flush()
+    if args.textfile:
+        write_textfile(args.textfile, validation_textfile(document["host"], document["results"], time.time()))
     return 1 if any(r.status == FAIL for r in results) else 0

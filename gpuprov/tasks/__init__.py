@@ -9,7 +9,7 @@ from gpuprov.config import DEFAULTS
 
 def namespace() -> Collection:
     """The root collection: host tasks at the top, tool groups as sub-collections."""
-    from gpuprov.tasks import facts, harden, images, inventory, lab, provision, stack, validate
+    from gpuprov.tasks import facts, harden, images, inventory, lab, monitoring, provision, stack, validate
 
     ns = Collection()
     ns.add_task(facts.facts)
@@ -20,6 +20,7 @@ def namespace() -> Collection:
     ns.add_collection(Collection.from_module(images, name="images"))
     ns.add_collection(Collection.from_module(inventory, name="inventory"))
     ns.add_collection(Collection.from_module(lab, name="lab"))
+    ns.add_collection(Collection.from_module(monitoring, name="monitoring"))
     ns.add_collection(Collection.from_module(stack, name="stack"))
     ns.configure({"gpuprov": DEFAULTS})
     return ns

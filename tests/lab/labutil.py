@@ -54,3 +54,14 @@ def on_host(lab, name: str, command: str, check: bool = True) -> str:
 
 def snapshot(lab, name: str) -> str:
     return on_host(lab, name, SNAPSHOT).strip()
+
+
+def docker_networks(network: str) -> tuple[str, str]:
+    """(the default bridge's gateway: where the controller's SSH connections come from as lab hosts see them,
+    the subnet of `network`), as Docker describes them."""
+    import docker
+
+    client = docker.from_env()
+    bridge = client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
+    internal = client.networks.get(network).attrs["IPAM"]["Config"][0]["Subnet"]
+    return bridge, internal

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from judges import ssh_audit, ssh_audit_counts, ssh_audit_failures
-from labutil import copy_inventory, invoke, on_host, snapshot
+from labutil import copy_inventory, docker_networks, invoke, on_host, snapshot
 
 pytestmark = pytest.mark.lab
 
@@ -38,15 +38,6 @@ class Fleet:
     internal: str         # the lab's internal network
     env: dict
     folder: Path
-
-
-def docker_networks(network: str) -> tuple[str, str]:
-    import docker
-
-    client = docker.from_env()
-    bridge = client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
-    internal = client.networks.get(network).attrs["IPAM"]["Config"][0]["Subnet"]
-    return bridge, internal
 
 
 @pytest.fixture(scope="module")

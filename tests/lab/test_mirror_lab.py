@@ -205,7 +205,8 @@ def test_docker_io_from_the_mirror_installs_and_runs_a_nested_container(lab, mir
     host = mirror_host
     assert {"docker.io", "containerd", "runc", "iptables", "prometheus-node-exporter"} <= {d.name for d in
                                                                                           mirror.debian}
-    assert set(DEBIAN_PACKAGES) == {"docker.io", "prometheus-node-exporter", "unattended-upgrades", "lynis"}
+    assert set(DEBIAN_PACKAGES) == {"docker.io", "prometheus-node-exporter", "prometheus", "unattended-upgrades",
+                                    "lynis"}
     trust_mirror(host, mirror)
     assert sh(host, "command -v dockerd")[0] != 0
     # as the engine step installs it (no Debian mirror on the host: everything comes from the lab mirror)

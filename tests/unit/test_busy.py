@@ -173,3 +173,14 @@ def test_the_only_help_lists_every_component():
     from gpuprov.tasks.provision import ONLY_CHOICES
 
     assert ONLY_CHOICES.split(",") == list(COMPONENTS)
+
+
+def test_gpuprovs_monitoring_container_is_not_work(tools):
+    """dcgm-exporter's container (monitoring.deploy) restarts by itself: it never holds back a Docker restart."""
+    (tools / "docker.out").write_text("container gpuprov-dcgm-exporter (nvcr.io/nvidia/k8s/dcgm-exporter:x)\n")
+    assert [s.status for s in run_batch(tools, [DOCKER])[1]] == ["done"]
+    (tools / "docker.out").write_text("container gpuprov-dcgm-exporter (x)\ncontainer gpuprov-dcgm-exporter2 (y)\n")
+    _, [step] = run_batch(tools, [DOCKER])
+    assert step.status == "refused" and "gpuprov-dcgm-exporter2 (y)" in step.output
+    facts = IDLE | {"containers": [{"name": "gpuprov-dcgm-exporter", "image": "x"}]}
+    assert running_work(facts) == []

@@ -4,6 +4,8 @@ hand; the change planned only when the file, the live table or the boot unit dif
 from __future__ import annotations
 
 import ipaddress
+import os
+import shutil
 import subprocess
 
 import pytest
@@ -142,3 +144,33 @@ def test_the_listing_of_a_loaded_ruleset_is_stable(tmp_path):
     assert proc.returncode == 0, proc.stderr
     first, second = proc.stdout.split("@@\n")
     assert first == second and "policy drop" in first
+
+
+def test_the_exporters_monitoring_deploys_are_open_to_the_monitoring_network_only():
+    variables = {"monitoring_cidrs": ["10.20.0.0/24"]}
+    rules = build_rules(variables, [22])
+    # node_exporter 9100 and dcgm-exporter 9400 (the ports monitoring.deploy makes them listen on)
+    assert reaches(rules, "10.20.0.9", "tcp", 9100) and reaches(rules, "10.20.0.9", "tcp", 9400)
+    assert not reaches(rules, "10.30.0.9", "tcp", 9100) and not reaches(rules, "10.30.0.9", "tcp", 9400)
+    # no dcgm-exporter on the host: 9400 stays closed
+    none = build_rules({**variables, "monitoring": {"dcgm_exporter": "none"}}, [22])
+    assert reaches(none, "10.20.0.9", "tcp", 9100) and not reaches(none, "10.20.0.9", "tcp", 9400)
+    # no monitoring network: nothing opened
+    assert not reaches(build_rules({}, [22]), "10.20.0.9", "tcp", 9100)
+    # an explicit, narrower allow entry for the port wins
+    narrow = build_rules({**variables, "firewall": {"allow": [{"port": 9400, "proto": "tcp",
+                                                               "sources": ["10.20.0.10/32"]}]}}, [22])
+    assert reaches(narrow, "10.20.0.10", "tcp", 9400) and not reaches(narrow, "10.20.0.9", "tcp", 9400)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("nft") is None,
+                    reason="needs root, unshare and nft")
+def test_the_ruleset_needs_no_etc_protocols(tmp_path):
+    """A minimal server may lack /etc/protocols (netbase): nft must not need it to read the ruleset (a lab host
+    without netbase once refused `meta l4proto ipv6-icmp`: "Could not resolve protocol name")."""
+    path = tmp_path / "firewall.nft"
+    path.write_text(render(build_rules({"cluster_cidrs": ["10.1.0.0/16"], "monitoring_cidrs": ["10.20.0.0/24"]},
+                                       [22])))
+    done = subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind /dev/null /etc/protocols && nft -c -f {path}"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -31,7 +31,7 @@ def test_inventory_document(tmp_path):
     assert host == {"address": "127.0.0.1", "port": 42201, "groups": ["lab", "hgx-h100"],
                     "vars": {"hardware": {"gpu": "H100-SXM", "count": 8, "nvswitch": True},
                              "lab": {"profile": "hgx-h100", "internal_ip": "172.20.0.2"},
-                             "cluster_address": "172.20.0.2"}}
+                             "cluster_address": "172.20.0.2", "monitoring_address": "172.20.0.2"}}
     assert set(doc["groups"]) == {"lab", "hgx-h100", "l40s"}
     # the HGX profile's group asks for Docker (profiles.yaml); the L40S one does not
     assert doc["groups"]["hgx-h100"] == {"vars": {"container_engine": "docker"}}

@@ -465,7 +465,8 @@ def test_faults_file_errors_are_loud(hgx):
 
 def test_fault_names_are_the_simulated_tools():
     assert set(lab_faults.known_faults()) == {"gpu-missing", "ecc-uncorrectable", "row-remap-pending", "throttle",
-                                              "pcie-x8", "nvlink-down", "driver-mismatch", "gpu-process"}
+                                              "pcie-x8", "nvlink-down", "driver-mismatch", "gpu-process",
+                                              "gpu-busy"}
     assert lab_faults.global_faults() == ("driver-mismatch",)
 
 

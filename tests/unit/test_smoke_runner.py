@@ -181,7 +181,7 @@ def plain_suite(tmp_path: Path, hang_timeout: float = 2) -> Path:
     """A folder /…/suite/smoke/ with the suite's core files and the test modules: how a host holds it."""
     folder = tmp_path / "suite" / "smoke"
     folder.mkdir(parents=True)
-    for name in ("__init__.py", "__main__.py", "core.py", "isolation.py", "runner.py"):
+    for name in ("__init__.py", "__main__.py", "core.py", "isolation.py", "runner.py", "textfile.py"):
         shutil.copy(SUITE / name, folder / name)
     (folder / "hang.py").write_text(textwrap.dedent(HANG.format(timeout=hang_timeout)))
     for name, text in MODULES.items():

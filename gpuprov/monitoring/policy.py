@@ -1,0 +1,58 @@
+"""A host's monitoring settings: its inventory variables (checked by gpuprov.inventory.monitoring) with defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+NODE_EXPORTER_PORT = 9100
+DCGM_EXPORTER_PORT = 9400
+PROMETHEUS_PORT = 9090
+TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"     # Debian's prometheus-node-exporter default
+DCGM_EXPORTER_IMAGE = "nvcr.io/nvidia/k8s/dcgm-exporter"
+EXPORTER_PORTS = {"node-exporter": NODE_EXPORTER_PORT, "dcgm-exporter": DCGM_EXPORTER_PORT}
+
+
+@dataclass(frozen=True)
+class MonitoringPolicy:
+    """What monitoring makes of one host."""
+
+    host: str
+    address: str                      # where Prometheus reaches the host; the exporters listen here
+    dcgm_exporter: str = "auto"       # auto | container | service | none
+    dcgm_exporter_image: str = DCGM_EXPORTER_IMAGE
+    drift_interval_min: int = 5
+    validate_schedule: str = "weekly"
+    scrape_interval_s: int = 15
+    gpu_count: int = 0                # the inventory's hardware.count
+    cost_per_hour: float | None = None
+    currency: str = "USD"
+
+    @property
+    def node_exporter_listen(self) -> str:
+        return f"{_bracketed(self.address)}:{NODE_EXPORTER_PORT}"
+
+    @property
+    def dcgm_exporter_listen(self) -> str:
+        return f"{_bracketed(self.address)}:{DCGM_EXPORTER_PORT}"
+
+
+def _bracketed(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
+
+
+def build_policy(host) -> MonitoringPolicy:
+    """The policy of an inventory host (gpuprov.inventory.model.Host) from its merged, checked variables."""
+    variables = host.vars
+    settings = variables.get("monitoring") or {}
+    cost = variables.get("cost") or {}
+    return MonitoringPolicy(
+        host=host.name,
+        address=variables.get("monitoring_address") or host.address,
+        gpu_count=(variables.get("hardware") or {}).get("count") or 0,
+        cost_per_hour=cost.get("per_hour"),
+        currency=cost.get("currency", "USD"),
+        **{key: value for key, value in settings.items() if key in _SETTINGS},
+    )
+
+
+_SETTINGS = ("dcgm_exporter", "dcgm_exporter_image", "drift_interval_min", "validate_schedule", "scrape_interval_s")
