@@ -91,10 +91,12 @@ def build_rules(variables: dict, ssh_ports: list[int]) -> list[Rule]:
 
 def exporter_ports(variables: dict) -> dict[str, int]:
     """The ports `monitoring.deploy` makes the host's exporters listen on: open from monitoring_cidrs only."""
-    from gpuprov.monitoring.policy import EXPORTER_PORTS
+    from gpuprov.monitoring.policy import EXPORTER_PORTS, MonitoringPolicy
 
-    mode = (variables.get("monitoring") or {}).get("dcgm_exporter")
-    return {name: port for name, port in EXPORTER_PORTS.items() if not (name == "dcgm-exporter" and mode == "none")}
+    policy = MonitoringPolicy(host="", address="", gpu_count=(variables.get("hardware") or {}).get("count") or 0,
+                              dcgm_exporter=(variables.get("monitoring") or {}).get("dcgm_exporter", "auto"))
+    return {name: port for name, port in EXPORTER_PORTS.items()
+            if name != "dcgm-exporter" or policy.expects_dcgm_exporter}
 
 
 def reaches(rules: list[Rule], address: str, proto: str, port: int) -> bool:

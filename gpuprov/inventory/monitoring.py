@@ -7,7 +7,8 @@ variables (`schema.VariableSchema` mixes this in).
       dcgm_exporter: auto              # auto (where DCGM is installed: a container where Docker runs, else the
                                        # package's service) | container | service | none
       dcgm_exporter_image: nvcr.io/nvidia/k8s/dcgm-exporter   # the repository (a registry mirror of NVIDIA's)
-      drift_interval_min: 5            # how often the drift timer writes its metrics (1-60)
+      drift_interval_min: 5            # how often the drift timer writes its metrics (1-15: GpuprovDriftStale
+                                       # fires after 20 minutes without a report)
       validate_schedule: weekly        # systemd OnCalendar of the idle-GPU validation, or never
       scrape_interval_s: 15            # on the Prometheus host: how often it scrapes and evaluates the rules
     cost: {per_hour: 98.32, currency: USD}   # what the host costs per hour (targets label, idle cost)
@@ -51,7 +52,7 @@ class MonitoringVariables:
     def monitoring(self, value: Any, path: tuple) -> Any:
         return self.struct(value, path, "monitoring", {
             "dcgm_exporter": self.dcgm_exporter_mode, "dcgm_exporter_image": self.image_repository,
-            "drift_interval_min": self.whole(1, 60), "validate_schedule": self.calendar,
+            "drift_interval_min": self.whole(1, 15), "validate_schedule": self.calendar,
             "scrape_interval_s": self.whole(1, 3600),
         })
 

@@ -84,9 +84,9 @@ def ensure_network(client, progress: Callable[[str], None] = print):
             if (network.attrs.get("Labels") or {}).get(LABEL) != "1":
                 raise GpuprovError(f"a network named {NETWORK} exists but is not the lab's", step="lab network",
                                    hint=f"remove or rename it (docker network rm {NETWORK})")
-            if _subnet(network) is not None:
+            if str(_subnet(network)) in SUBNETS:
                 return network
-            progress(f"network: replacing {NETWORK} (made without a subnet of its own)")
+            progress(f"network: replacing {NETWORK} (not on the lab's address plan)")
             try:
                 network.remove()
             except docker.errors.APIError as exc:

@@ -80,6 +80,26 @@ def probe_command(urls: dict[str, str], tries: int = 20) -> str:
     return "\n".join(lines)
 
 
+def address_check_command(address: str) -> str:
+    """A host command that prints the host's own addresses the monitoring address resolves to (none: the
+    exporters could not listen there; 127.x: only the host itself could reach them)."""
+    return (f"for a in $(getent ahosts {shlex.quote(address)} | awk '{{print $1}}' | sort -u); do "
+            "ip -o addr show | awk '{print $4}' | cut -d/ -f1 | grep -qxF \"$a\" && echo \"$a\"; done; true")
+
+
+def check_address(conn, policy: MonitoringPolicy) -> None:
+    """The monitoring address must be one of the host's own, and not loopback: the exporters listen there."""
+    own = conn.run("sh -c " + shlex.quote(address_check_command(policy.address)), timeout=60).stdout.split()
+    usable = [a for a in own if not a.startswith("127.") and a != "::1"]
+    if not usable:
+        found = f"it is {'only loopback (' + ', '.join(own) + ')' if own else 'not an address of this host'}"
+        raise GpuprovError(f"the monitoring address {policy.address}: {found}, so the exporters could not listen "
+                           "where Prometheus reaches them", host=policy.host, step="monitoring address",
+                           command=address_check_command(policy.address),
+                           hint="set monitoring_address for the host to its IP address on the network Prometheus "
+                                "scrapes from")
+
+
 def check_endpoints(conn, urls: dict[str, str]) -> dict[str, str]:
     """Each exporter's state as read on the host from its monitoring address."""
     result = conn.run("sh -s", stdin=probe_command(urls), timeout=120)
@@ -98,6 +118,7 @@ def deploy_host(conn, host, dry_run: bool = False, say: Callable[[str], None] = 
     run = DeployRun(host.name, address=policy.address)
     try:
         say("facts")
+        check_address(conn, policy)
         files = managed_files(policy)
         ctx = context(host, gather(conn, files))
         run.dcgm_exporter = exporters.dcgm_mode(ctx, policy)

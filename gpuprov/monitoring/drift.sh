@@ -32,14 +32,17 @@ if have nvidia-smi; then
     *) [ "$rc" -eq 0 ] && driver=$(printf '%s\n' "$out" | head -n 1 | tr -d ' ') ;;
   esac
 fi
-module=$(sed -n 's/.*Kernel Module[^0-9]*\([0-9][0-9.]*\).*/\1/p' /proc/driver/nvidia/version 2>/dev/null | head -n 1)
+# the loaded module's version: the first X.Y[.Z] word of the NVRM line ("NVIDIA UNIX x86_64 Kernel Module  570.148.08"
+# or "NVIDIA UNIX Open Kernel Module for x86_64  570.148.08"); GPUPROV_NVRM_FILE stands in for /proc in tests
+module=$(sed -n '1s/^NVRM version://p' "${GPUPROV_NVRM_FILE:-/proc/driver/nvidia/version}" 2>/dev/null |
+  tr ' ' '\n' | grep -E '^[0-9]+\.[0-9]+(\.[0-9]+)?$' | head -n 1)
 library=$(ls /usr/lib/*/libnvidia-ml.so.*.* /usr/lib64/libnvidia-ml.so.*.* 2>/dev/null | head -n 1 |
   sed -n 's/.*libnvidia-ml\.so\.\([0-9][0-9.]*\)$/\1/p')
 [ -n "$module" ] && [ -n "$library" ] && [ "$module" != "$library" ] && mismatch=1
 [ -z "$driver" ] && driver=$module
 
 cuda=$(dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' 'cuda-toolkit-[0-9]*' 2>/dev/null |
-  awk '$1 ~ /^[ih]i/ { print $2 }' | sort -V | tail -n 1)
+  awk '$1 ~ /^[ih]i/ && $2 ~ /^cuda-toolkit-[0-9]+-[0-9]+$/ { print $2 }' | sort -V | tail -n 1)
 cuda=${cuda:+$(pkg_version "$cuda")}
 nccl=$(first_installed libnccl2 libnccl)
 toolkit=$(first_installed nvidia-container-toolkit)

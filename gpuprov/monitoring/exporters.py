@@ -11,7 +11,7 @@ from importlib import resources
 
 from gpuprov.errors import GpuprovError
 from gpuprov.monitoring import dcgm_data
-from gpuprov.monitoring.policy import TEXTFILE_DIR, MonitoringPolicy
+from gpuprov.monitoring.policy import MonitoringPolicy
 from gpuprov.ops.base import Change, OpContext, file_change, package_change
 
 NODE_PACKAGE = "prometheus-node-exporter"
@@ -31,7 +31,7 @@ def counters() -> str:
 def node_defaults(policy: MonitoringPolicy) -> str:
     return ("# written by gpuprov monitoring.deploy: listen on the monitoring address only, read gpuprov's textfiles\n"
             f'ARGS="--web.listen-address={policy.node_exporter_listen} '
-            f'--collector.textfile.directory={TEXTFILE_DIR}"\n')
+            f'--collector.textfile.directory={policy.textfile_dir}"\n')
 
 
 def node_exporter(ctx: OpContext, policy: MonitoringPolicy) -> Iterator[Change]:
@@ -41,7 +41,7 @@ def node_exporter(ctx: OpContext, policy: MonitoringPolicy) -> Iterator[Change]:
                      (ctx.pm.update(), ctx.pm.install_names([NODE_PACKAGE])))
     change = file_change(ctx, component, NODE_DEFAULTS, node_defaults(policy),
                          f"listen on {policy.node_exporter_listen}",
-                         then=(f"mkdir -p {q(TEXTFILE_DIR)}", f"systemctl restart {NODE_PACKAGE}"))
+                         then=(f"mkdir -p {q(policy.textfile_dir)}", f"systemctl restart {NODE_PACKAGE}"))
     if change is not None:
         yield change
     yield from _enabled(ctx, component, NODE_PACKAGE)
@@ -70,6 +70,7 @@ def installed_dcgm(ctx: OpContext) -> str | None:
 
 def dcgm_exporter(ctx: OpContext, policy: MonitoringPolicy) -> Iterator[Change]:
     mode = dcgm_mode(ctx, policy)
+    yield from _retire(ctx, mode)
     if mode == "none":
         return
     dcgm = installed_dcgm(ctx)
@@ -86,6 +87,18 @@ def dcgm_exporter(ctx: OpContext, policy: MonitoringPolicy) -> Iterator[Change]:
         yield from _service(ctx, policy, release, restart=change is not None)
     else:
         yield from _container(ctx, policy, release, recreate=change is not None)
+
+
+def _retire(ctx: OpContext, mode: str) -> Iterator[Change]:
+    """Stop the exporter of the other mode (both would want the same address and port)."""
+    unit = dcgm_data.releases()[0].unit
+    state = ctx.service(unit)
+    if mode != "service" and (state.get("enabled") or state.get("active")):
+        yield Change("dcgm-exporter", f"stop and disable {unit} (dcgm-exporter: {mode})",
+                     (f"systemctl disable --now {unit}",))
+    if mode != "container" and any(c.get("name") == CONTAINER for c in ctx.facts.get("containers") or []):
+        yield Change("dcgm-exporter", f"remove the {CONTAINER} container (dcgm-exporter: {mode})",
+                     (f"docker rm --force {CONTAINER}", f"rm -f {q(CONTAINER_ARGS)}"))
 
 
 def _service(ctx: OpContext, policy: MonitoringPolicy, release: dcgm_data.ExporterRelease,

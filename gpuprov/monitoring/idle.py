@@ -54,13 +54,17 @@ def window(hours: float) -> str:
 
 
 def idle_queries(hours: float, threshold_pct: float) -> dict[str, str]:
+    """The queries, each per (host, gpu): a GPU whose series changed labels in the window (a driver upgrade, new
+    target labels) counts once."""
     span = window(hours)
-    measured = f"present_over_time({METRIC}[5m] offset {span})"
+    measured = f"max by (host, gpu) (present_over_time({METRIC}[5m] offset {span}))"
     return {
-        "idle": f"(max_over_time({METRIC}[{span}]) < {threshold_pct:g}) and on(host, gpu) {measured}",
-        "last_busy": f"time() - max_over_time(timestamp({METRIC} >= {threshold_pct:g})[{LOOKBACK}:{STEP}])",
-        "first_seen": f"time() - min_over_time(timestamp({METRIC})[{LOOKBACK}:{STEP}])",
-        "gpus": f"count by (host) ({METRIC})",
+        "idle": f"(max by (host, gpu) (max_over_time({METRIC}[{span}])) < {threshold_pct:g}) and on (host, gpu) "
+                f"{measured}",
+        "last_busy": f"time() - max by (host, gpu) "
+                     f"(max_over_time(timestamp({METRIC} >= {threshold_pct:g})[{LOOKBACK}:{STEP}]))",
+        "first_seen": f"time() - min by (host, gpu) (min_over_time(timestamp({METRIC})[{LOOKBACK}:{STEP}]))",
+        "gpus": f"count by (host) (count by (host, gpu) ({METRIC}))",
     }
 
 

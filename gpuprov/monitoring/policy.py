@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 NODE_EXPORTER_PORT = 9100
@@ -24,8 +25,15 @@ class MonitoringPolicy:
     validate_schedule: str = "weekly"
     scrape_interval_s: int = 15
     gpu_count: int = 0                # the inventory's hardware.count
+    textfile_dir: str = TEXTFILE_DIR  # node_exporter's textfile folder (validate.textfile_dir, as validate writes)
     cost_per_hour: float | None = None
     currency: str = "USD"
+
+    @property
+    def expects_dcgm_exporter(self) -> bool:
+        """Whether Prometheus should find a dcgm-exporter here: a mode that names one, or `auto` on a host the
+        inventory gives GPUs (hardware.count; deploy runs it where DCGM is installed)."""
+        return self.dcgm_exporter in ("container", "service") or (self.dcgm_exporter == "auto" and self.gpu_count > 0)
 
     @property
     def node_exporter_listen(self) -> str:
@@ -49,10 +57,26 @@ def build_policy(host) -> MonitoringPolicy:
         host=host.name,
         address=variables.get("monitoring_address") or host.address,
         gpu_count=(variables.get("hardware") or {}).get("count") or 0,
+        textfile_dir=_textfile_dir(host),
         cost_per_hour=cost.get("per_hour"),
         currency=cost.get("currency", "USD"),
         **{key: value for key, value in settings.items() if key in _SETTINGS},
     )
 
 
+def _textfile_dir(host) -> str:
+    """The host's validate.textfile_dir (an absolute path of plain characters), else Debian's folder."""
+    from gpuprov.errors import InputError
+
+    value = (host.vars.get("validate") or {}).get("textfile_dir")
+    if value is None:
+        return TEXTFILE_DIR
+    if not isinstance(value, str) or not _PLAIN_PATH.fullmatch(value) or "/../" in f"{value}/":
+        raise InputError(f"variable validate.textfile_dir must be an absolute path (letters, digits, _ . + @ / -), "
+                         f"not {value!r}", host=host.name, step="monitoring",
+                         hint=f"fix it in the inventory (invoke inventory.show --host {host.name})")
+    return value.rstrip("/") or "/"
+
+
+_PLAIN_PATH = re.compile(r"/[A-Za-z0-9_.+@/-]*")
 _SETTINGS = ("dcgm_exporter", "dcgm_exporter_image", "drift_interval_min", "validate_schedule", "scrape_interval_s")

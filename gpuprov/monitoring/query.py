@@ -81,7 +81,13 @@ def through_ssh(conn, port: int = PROMETHEUS_PORT, timeout: float = 30) -> Prome
     HTTP/1.0, so the answer is the bytes up to the end of the stream (never chunked)."""
 
     def fetch(path: str) -> bytes:
-        channel = conn.open_tunnel(port)
+        import paramiko
+
+        try:
+            channel = conn.open_tunnel(port)
+        except paramiko.SSHException as exc:   # the host refused the tunnel: nothing listens on the port
+            reason = getattr(exc, "text", "") or str(exc)
+            raise ConnectionError(f"the SSH tunnel to 127.0.0.1:{port} was refused ({reason})") from None
         channel.settimeout(timeout)
         try:
             channel.sendall(f"GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())

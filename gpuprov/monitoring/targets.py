@@ -42,7 +42,8 @@ def target_labels(host, groups: list[str], lock_stack: dict | None) -> dict[str,
 
 
 def file_sd(inventory, hosts, lock_stacks: dict[str, dict]) -> dict[str, list[dict]]:
-    """{job: its file_sd document}: every host's node_exporter, and its dcgm-exporter unless it has none."""
+    """{job: its file_sd document}: every host's node_exporter, and its dcgm-exporter where one is expected (a host
+    with GPUs in the inventory, or a dcgm_exporter mode that names one)."""
     jobs: dict[str, list[dict]] = {job: [] for job in TARGET_FILES}
     for host in sorted(hosts, key=lambda h: h.name):
         policy = build_policy(host)
@@ -50,7 +51,7 @@ def file_sd(inventory, hosts, lock_stacks: dict[str, dict]) -> dict[str, list[di
         labels = target_labels(host, groups, lock_stacks.get(host.name))
         address = f"[{policy.address}]" if ":" in policy.address else policy.address
         jobs["gpuprov-node"].append({"targets": [f"{address}:{NODE_EXPORTER_PORT}"], "labels": labels})
-        if policy.dcgm_exporter != "none":
+        if policy.expects_dcgm_exporter:
             jobs["gpuprov-dcgm"].append({"targets": [f"{address}:{DCGM_EXPORTER_PORT}"], "labels": labels})
     return jobs
 

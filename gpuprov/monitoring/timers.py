@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from functools import cache
 from importlib import resources
 
-from gpuprov.monitoring.policy import TEXTFILE_DIR, MonitoringPolicy
+from gpuprov.monitoring.policy import MonitoringPolicy
 from gpuprov.ops.base import Change, OpContext, file_change
 
 COMPONENT = "timers"
@@ -26,7 +26,7 @@ def script(name: str) -> str:
 
 def env_file(policy: MonitoringPolicy) -> str:
     """The scripts' settings, each value shell-quoted (the scripts source this file)."""
-    values = {"GPUPROV_HOST": policy.host, "GPUPROV_TEXTFILE_DIR": TEXTFILE_DIR,
+    values = {"GPUPROV_HOST": policy.host, "GPUPROV_TEXTFILE_DIR": policy.textfile_dir,
               "GPUPROV_GPU_COUNT": str(policy.gpu_count)}
     if policy.cost_per_hour is not None:
         values.update(GPUPROV_COST_PER_HOUR=repr(policy.cost_per_hour), GPUPROV_CURRENCY=policy.currency)
@@ -64,7 +64,13 @@ def managed_files(policy: MonitoringPolicy) -> dict[str, str | None]:
 
 
 def changes(ctx: OpContext, policy: MonitoringPolicy) -> Iterator[Change]:
-    """Write the scripts, settings and units; then enable the timers and write the drift metrics right away."""
+    """Write the scripts, settings and units; then enable the timers and write the drift metrics right away. A
+    timer no longer wanted is disabled before its unit files go."""
+    idle = policy.validate_schedule != "never"
+    off = [] if idle else [t for t in [f"{IDLE}.timer"] if ctx.service(t).get("exists")]
+    if off:
+        yield Change(COMPONENT, f"disable {', '.join(off)} (validate_schedule: never)",
+                     tuple(f"systemctl disable --now {t}" for t in off))
     wrote = []
     for path, content in managed_files(policy).items():
         change = file_change(ctx, COMPONENT, path, content, "gpuprov monitoring",
@@ -72,17 +78,13 @@ def changes(ctx: OpContext, policy: MonitoringPolicy) -> Iterator[Change]:
         if change is not None:
             wrote.append(change)
             yield change
-    idle = policy.validate_schedule != "never"
     timers = [f"{DRIFT}.timer"] + ([f"{IDLE}.timer"] if idle else [])
-    off = [] if idle else [f"{IDLE}.timer"]
     stale = [t for t in timers if not (ctx.service(t).get("enabled") and ctx.service(t).get("active"))]
-    off = [t for t in off if ctx.service(t).get("exists")]
     if wrote or stale or off:
         commands = ["systemctl daemon-reload"]
-        commands += [f"systemctl disable --now {t}" for t in off]
         commands += [f"systemctl enable {t}" for t in timers] + [f"systemctl restart {t}" for t in timers]
         commands.append(f"systemctl start {DRIFT}.service")
         summary = (f"enable {', '.join(timers)} (drift every {policy.drift_interval_min} min"
                    + (f"; validation {policy.validate_schedule} while the GPUs idle" if idle else "") + ")"
-                   + (f"; disable {', '.join(off)}" if off else "") + "; write the drift metrics now")
+                   + "; write the drift metrics now")
         yield Change(COMPONENT, summary, tuple(commands))

@@ -147,7 +147,7 @@ def test_the_listing_of_a_loaded_ruleset_is_stable(tmp_path):
 
 
 def test_the_exporters_monitoring_deploys_are_open_to_the_monitoring_network_only():
-    variables = {"monitoring_cidrs": ["10.20.0.0/24"]}
+    variables = {"monitoring_cidrs": ["10.20.0.0/24"], "hardware": {"gpu": "H100-SXM", "count": 8}}
     rules = build_rules(variables, [22])
     # node_exporter 9100 and dcgm-exporter 9400 (the ports monitoring.deploy makes them listen on)
     assert reaches(rules, "10.20.0.9", "tcp", 9100) and reaches(rules, "10.20.0.9", "tcp", 9400)
@@ -155,6 +155,9 @@ def test_the_exporters_monitoring_deploys_are_open_to_the_monitoring_network_onl
     # no dcgm-exporter on the host: 9400 stays closed
     none = build_rules({**variables, "monitoring": {"dcgm_exporter": "none"}}, [22])
     assert reaches(none, "10.20.0.9", "tcp", 9100) and not reaches(none, "10.20.0.9", "tcp", 9400)
+    # a host without GPUs in the inventory (dcgm_exporter auto) runs no dcgm-exporter either
+    cpu = build_rules({"monitoring_cidrs": ["10.20.0.0/24"]}, [22])
+    assert reaches(cpu, "10.20.0.9", "tcp", 9100) and not reaches(cpu, "10.20.0.9", "tcp", 9400)
     # no monitoring network: nothing opened
     assert not reaches(build_rules({}, [22]), "10.20.0.9", "tcp", 9100)
     # an explicit, narrower allow entry for the port wins

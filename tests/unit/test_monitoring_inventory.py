@@ -11,6 +11,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuprov.errors import InputError
 from gpuprov.inventory import InventoryError, load_inventory
 from gpuprov.monitoring.policy import build_policy
 from gpuprov.monitoring.targets import file_sd, file_sd_text, target_labels
@@ -87,7 +88,8 @@ def test_targets_carry_the_inventory_labels(tmp_path):
     ("monitoring_address: 'a b'", "hosts.h.vars.monitoring_address: bad monitoring_address 'a b'"),
     ("monitoring: {dcgm_exporter: containers}", "did you mean 'container'"),
     ("monitoring: {dcgm_exporter_image: 'nvcr.io/nvidia/k8s/dcgm-exporter:4.4.1'}", "without a tag"),
-    ("monitoring: {drift_interval_min: 0}", "expected a whole number from 1 to 60, not 0"),
+    ("monitoring: {drift_interval_min: 0}", "expected a whole number from 1 to 15, not 0"),
+    ("monitoring: {drift_interval_min: 20}", "expected a whole number from 1 to 15, not 20"),
     ("monitoring: {validate_schedule: 'weekly; rm -rf /'}", "bad validate_schedule"),
     ("monitoring: {scrape_interval_s: true}", "expected a whole number from 1 to 3600, not True"),
     ("monitoring: {idle: 5}", "'idle'; expected one of: dcgm_exporter,"),
@@ -118,6 +120,23 @@ def test_any_schedule_text_is_accepted_only_without_shell_characters(tmp_path_fa
     assert accepted == text and not set(text) & set("\n\r\"'`$;&|<>()\\{}[]")
 
 
+def test_a_host_without_gpus_gets_no_dcgm_target_unless_its_mode_names_one(tmp_path):
+    inv = load(tmp_path, "hosts:\n  cpu: {address: 10.0.0.7}\n"
+                         "  forced: {address: 10.0.0.8, vars: {monitoring: {dcgm_exporter: service}}}\n")
+    jobs = file_sd(inv, list(inv.hosts.values()), {})
+    assert [e["labels"]["host"] for e in jobs["gpuprov-node"]] == ["cpu", "forced"]
+    assert [e["labels"]["host"] for e in jobs["gpuprov-dcgm"]] == ["forced"]
+
+
 def test_target_labels_leave_out_what_the_inventory_does_not_know(tmp_path):
     inv = load(tmp_path, "hosts:\n  bare: {address: 10.0.0.7}\n")
     assert target_labels(inv.host("bare"), [], None) == {"host": "bare", "groups": ",,"}
+
+
+def test_the_textfile_folder_is_validates_own(tmp_path):
+    inv = load(tmp_path, "hosts:\n  h: {address: 10.0.0.7, vars: {validate: {textfile_dir: /srv/textfiles/}}}\n"
+                         "  bad: {address: 10.0.0.8, vars: {validate: {textfile_dir: 'rel/dir'}}}\n")
+    assert build_policy(inv.host("h")).textfile_dir == "/srv/textfiles"
+    with pytest.raises(InputError, match="validate.textfile_dir must be an absolute path") as info:
+        build_policy(inv.host("bad"))
+    assert info.value.host == "bad"

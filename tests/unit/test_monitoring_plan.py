@@ -123,8 +123,9 @@ def test_rhel_is_refused_with_what_to_do():
 def test_the_validate_timer_goes_when_its_schedule_is_never():
     never = MonitoringPolicy(host="gpu01", address="10.0.0.1", validate_schedule="never")
     host = ctx(services={"gpuprov-validate-idle.timer": {"exists": True, "enabled": True, "active": True}})
-    change = list(timers.changes(host, never))[-1]
-    assert "systemctl disable --now gpuprov-validate-idle.timer" in change.commands
+    changes = list(timers.changes(host, never))
+    # disabled first, while its unit file is still there; then the files go
+    assert changes[0].commands == ("systemctl disable --now gpuprov-validate-idle.timer",)
     assert timers.unit_files(never)["/etc/systemd/system/gpuprov-validate-idle.timer"] is None
 
 
@@ -151,3 +152,48 @@ def test_units_pass_systemd_analyze_verify(tmp_path):
     problems = [line for line in (result.stdout + result.stderr).splitlines()
                 if line.strip() and "/usr/local/lib/gpuprov/" not in line]
     assert not problems, problems
+
+
+def test_switching_modes_retires_the_other_exporter():
+    """Both exporters would want the monitoring address's port 9400: the one of the other mode goes first."""
+    was_service = ctx(packages={"datacenter-gpu-manager-4-core": "1:4.4.1-1"},
+                      services={"docker": {"active": True},
+                                "nvidia-dcgm-exporter": {"exists": True, "enabled": True, "active": True}})
+    first = list(exporters.dcgm_exporter(was_service, POLICY))[0]
+    assert first.commands == ("systemctl disable --now nvidia-dcgm-exporter",)
+    was_container = ctx(packages={"datacenter-gpu-manager-4-core": "1:4.4.1-1"},
+                        containers=[{"name": "gpuprov-dcgm-exporter", "image": "x"}])
+    first = list(exporters.dcgm_exporter(was_container, POLICY))[0]
+    assert first.commands[0] == "docker rm --force gpuprov-dcgm-exporter"
+    none = MonitoringPolicy(host="gpu01", address="10.0.0.1", dcgm_exporter="none")
+    assert [c.summary for c in exporters.dcgm_exporter(was_container, none)] == [
+        "remove the gpuprov-dcgm-exporter container (dcgm-exporter: none)"]
+
+
+class AnsweringConn:
+    """A connection whose one command prints `stdout` (what the address check finds on the host)."""
+
+    def __init__(self, stdout: str):
+        self.stdout = stdout
+
+    def run(self, command, *, sudo=False, timeout=None, stdin=None):
+        return type("R", (), {"stdout": self.stdout, "stderr": "", "rc": 0})()
+
+
+@pytest.mark.parametrize("found, message", [
+    ("", "the monitoring address 10.20.0.11: it is not an address of this host"),
+    ("127.0.1.1\n", "the monitoring address 10.20.0.11: it is only loopback (127.0.1.1)"),
+])
+def test_a_monitoring_address_the_host_cannot_listen_on_is_refused_before_anything_changes(found, message):
+    with pytest.raises(GpuprovError) as info:
+        deploy.check_address(AnsweringConn(found), POLICY)
+    assert info.value.message.startswith(message) and info.value.host == "gpu01"
+    assert "set monitoring_address" in info.value.hint
+    deploy.check_address(AnsweringConn("10.20.0.11\n"), POLICY)   # its own address: fine
+
+
+@pytest.mark.skipif(shutil.which("ip") is None or shutil.which("getent") is None, reason="needs ip and getent")
+def test_the_address_check_runs_in_sh_and_finds_loopback_here():
+    out = subprocess.run(["sh", "-c", deploy.address_check_command("127.0.0.1")], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0 and out.stdout.split() == ["127.0.0.1"]

@@ -58,7 +58,9 @@ def test_the_rules_are_the_contracts_alerts_each_with_severity_summary_and_descr
             assert all("{{ $labels.gpu }}" in text for text in rule["annotations"].values()), name
     assert "for" not in found["GpuprovDriverLibraryMismatch"]
     assert found["GpuprovRebootRequired"]["labels"]["severity"] == "info"
-    assert found["GpuprovGpuIdle"]["expr"] == 'max_over_time(DCGM_FI_DEV_GPU_UTIL{job="gpuprov-dcgm"}[6h]) < 5'
+    assert found["GpuprovGpuIdle"]["expr"] == ('max_over_time(DCGM_FI_DEV_GPU_UTIL{job="gpuprov-dcgm"}[6h]) < 5 '
+                                               'and present_over_time(DCGM_FI_DEV_GPU_UTIL{job="gpuprov-dcgm"}[5m] '
+                                               'offset 6h)')
 
 
 def test_every_alert_has_a_unit_test_where_it_fires():

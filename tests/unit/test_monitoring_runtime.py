@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import socket
 import subprocess
 import threading
@@ -43,6 +44,29 @@ def test_drift_script_writes_a_textfile_prometheus_reads(tmp_path):
     assert info == [("gpuprov_stack_info", (("cuda", ""), ("driver", ""), *host, ("nccl", ""), ("toolkit", "")))]
     assert found[("gpuprov_drift_timestamp_seconds", host)] > 1.7e9
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []   # no temporary file left
+
+
+# NVRM lines as NVIDIA's kernel modules print them (the proprietary and the open module's forms)
+NVRM = {"535.183.01": "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12 19:39:15 UTC 2024\n",
+        "570.148.08": "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.148.08  Release Build  "
+                      "(dvs-builder@U16-I3-B03-4-3)  Thu May  1 04:12:55 UTC 2025\n"
+                      "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n"}
+
+
+@pytest.mark.parametrize("version", sorted(NVRM))
+def test_drift_reads_the_loaded_modules_version_from_both_nvrm_forms(tmp_path, version):
+    nvrm = tmp_path / "version"
+    nvrm.write_text(NVRM[version])
+    env = tmp_path / "monitoring.env"
+    env.write_text(env_file(MonitoringPolicy(host="gpu01", address="10.0.0.1")).replace(
+        "/var/lib/prometheus/node-exporter", str(tmp_path)))
+    script = resources.files("gpuprov.monitoring").joinpath("drift.sh").read_text()
+    subprocess.run(["sh", "-c", script], env={"GPUPROV_MONITORING_ENV": str(env), "GPUPROV_NVRM_FILE": str(nvrm)},
+                   check=True, timeout=60)
+    found = samples((tmp_path / "gpuprov-drift.prom").read_text())
+    (info,) = [dict(key[1]) for key in found if key[0] == "gpuprov_stack_info"]
+    # no libnvidia-ml here to compare with: the module alone is no mismatch
+    assert info["driver"] == version and found[("gpuprov_driver_library_mismatch", (("host", "gpu01"),))] == 0
 
 
 RESULTS = [
@@ -126,6 +150,19 @@ def test_queries_travel_through_the_ssh_tunnel(fake_server):
         prom.query("up)")
 
 
+def test_a_refused_tunnel_names_prometheus_and_what_to_do():
+    import paramiko
+
+    class Refused(TunnelConn):
+        def open_tunnel(self, port, address="127.0.0.1", timeout=None):
+            raise paramiko.ChannelException(2, "Connect failed")
+
+    with pytest.raises(GpuprovError, match=r"did not answer /api/v1/query\?query=up: the SSH tunnel to "
+                                           r"127.0.0.1:9090 was refused \(Connect failed\)") as info:
+        through_ssh(Refused(1)).query("up")
+    assert "invoke monitoring.server" in info.value.hint
+
+
 def test_an_unreachable_prometheus_is_named():
     def fetch(path):
         raise ConnectionRefusedError(111, "Connection refused")
@@ -167,3 +204,24 @@ def test_idle_gpus_cost_their_share_of_the_host(fake_server):
 
 def test_an_idle_host_without_gpu_count_uses_its_idle_gpus():
     assert IdleHost("h", ("0",), 0, 7.0, 10.0, "USD").idle_cost is None
+
+
+@pytest.mark.lab
+def test_promtool_parses_the_idle_queries(tmp_path):
+    """promtool (Debian's prometheus package) judges the PromQL monitoring.idle sends."""
+    import shutil
+
+    import yaml
+
+    from gpuprov.monitoring.idle import idle_queries
+    from gpuprov.monitoring.promtool import promtool_path
+
+    if not shutil.which("promtool") and os.geteuid() != 0:
+        pytest.skip("promtool is not on PATH and installing Debian's prometheus package needs root")
+    queries = idle_queries(0.5, 7.5)
+    path = tmp_path / "idle.rules.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "idle", "rules": [
+        {"record": f"gpuprov_idle:{name}", "expr": expr} for name, expr in queries.items()]}]}))
+    done = subprocess.run([promtool_path(install=True), "check", "rules", str(path)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and f"SUCCESS: {len(queries)} rules found" in done.stdout, done.stdout + done.stderr
