@@ -34,7 +34,8 @@ CURRENCY = re.compile(r"[A-Z]{3}")
 
 
 class MonitoringVariables:
-    """Checks of the monitoring variables; mixed into VariableSchema (uses its doc and struct)."""
+    """Checks of the monitoring variables; mixed into VariableSchema (uses its doc and struct, and `bounded` of
+    HardeningVariables)."""
 
     doc: Located
 
@@ -52,8 +53,8 @@ class MonitoringVariables:
     def monitoring(self, value: Any, path: tuple) -> Any:
         return self.struct(value, path, "monitoring", {
             "dcgm_exporter": self.dcgm_exporter_mode, "dcgm_exporter_image": self.image_repository,
-            "drift_interval_min": self.whole(1, 15), "validate_schedule": self.calendar,
-            "scrape_interval_s": self.whole(1, 3600),
+            "drift_interval_min": self.bounded(1, 15), "validate_schedule": self.calendar,
+            "scrape_interval_s": self.bounded(1, 3600),
         })
 
     def cost(self, value: Any, path: tuple) -> Any:
@@ -80,14 +81,6 @@ class MonitoringVariables:
         self.doc.error(path, f"bad validate_schedule {show(value)}: give a systemd OnCalendar expression such as "
                              "weekly or 'Sun *-*-* 03:00', or never")
         return INVALID
-
-    def whole(self, low: int, high: int):
-        def check(value: Any, path: tuple) -> Any:
-            if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
-                return value
-            self.doc.error(path, f"expected a whole number from {low} to {high}, not {show(value)}")
-            return INVALID
-        return check
 
     def price(self, value: Any, path: tuple) -> Any:
         if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e6 and value == value:

@@ -172,3 +172,12 @@ def gather_all(c, inv, hosts, *, trust_new_hosts: bool = False, parallel: str | 
     """Facts of every host: {name: facts} or {name: {"error": message}}."""
     outcomes = gather_outcomes(c, inv, hosts, trust_new_hosts=trust_new_hosts, parallel=parallel, quiet=quiet)
     return {o.host.name: o.value if o.ok else {"error": str(o.error)} for o in outcomes}
+
+
+def failed_run(outcome) -> dict:
+    """A host's report entry when its work raised: the run it carried so far (the error's `run`), its status
+    (failed, or skipped after --max-fail) and the error."""
+    run = getattr(outcome.error, "run", None)
+    data = run.to_dict() if run is not None else {"host": outcome.host.name}
+    data.update(status="failed" if not outcome.skipped else "skipped", error=outcome.error.to_dict())
+    return data

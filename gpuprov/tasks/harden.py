@@ -6,7 +6,14 @@ from __future__ import annotations
 from invoke.exceptions import Exit
 
 from gpuprov.json_text import dump_json
-from gpuprov.tasks._common import host_task, only_components, run_settings, select_hosts, whole_number
+from gpuprov.tasks._common import (
+    failed_run,
+    host_task,
+    only_components,
+    run_settings,
+    select_hosts,
+    whole_number,
+)
 
 # gpuprov.harden.run.COMPONENTS, written out so that `invoke --list` imports nothing of gpuprov.harden
 HARDEN_PARTS = ("firewall", "ssh", "updates")
@@ -53,7 +60,7 @@ def harden(c, host=None, group=None, all=False, inventory=None, parallel=None, t
                                 run, jump_of=inv.jump_host, on_event=printer)
     except RunInterrupted as stop:
         outcomes, interrupted = stop.outcomes, True
-    runs = [o.value.to_dict() if o.ok else _failed_run(o) for o in outcomes]
+    runs = [o.value.to_dict() if o.ok else failed_run(o) for o in outcomes]
     kind = "harden-check" if check else "harden"
     report = write_json_report(reports, kind, {"check": check, "dry_run": dry_run, "only": sorted(parts),
                                                "confirm_timeout": timeout, "interrupted": interrupted, "hosts": runs})
@@ -73,13 +80,6 @@ def harden(c, host=None, group=None, all=False, inventory=None, parallel=None, t
     code = _exit_code(outcomes, dry_run)
     if code:
         raise Exit(code=code)
-
-
-def _failed_run(outcome) -> dict:
-    run = getattr(outcome.error, "run", None)
-    data = run.to_dict() if run is not None else {"host": outcome.host.name}
-    data.update(status="failed" if not outcome.skipped else "skipped", error=outcome.error.to_dict())
-    return data
 
 
 def _exit_code(outcomes, dry_run: bool) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from invoke import task
 from invoke.exceptions import Exit
 
-from gpuprov.tasks._common import exits_cleanly, host_task
+from gpuprov.tasks._common import exits_cleanly, failed_run, host_task
 
 SERVER_HELP = "the monitoring host (an inventory host) whose Prometheus to use, reached through its SSH connection"
 
@@ -229,7 +229,7 @@ def _run_hosts(c, kind, host, group, all_, inventory, parallel, trust_new_hosts,
                                 jump_of=inv.jump_host, on_event=printer)
     except RunInterrupted as stop:
         outcomes, interrupted = stop.outcomes, True
-    runs = [o.value.to_dict() if o.ok else _failed_run(o) for o in outcomes]
+    runs = [o.value.to_dict() if o.ok else failed_run(o) for o in outcomes]
     report = write_json_report(reports, kind, {"dry_run": dry_run, "interrupted": interrupted, "hosts": runs})
     if new_reports:
         print(f"created the folder {literal(str(reports))} (gpuprov.reports)", file=sys.stderr)
@@ -250,13 +250,6 @@ def _run_hosts(c, kind, host, group, all_, inventory, parallel, trust_new_hosts,
         raise Exit(code=2 if all(isinstance(o.error, InputError) for o in failed) else 1)
     if unserved:
         raise Exit(code=1)
-
-
-def _failed_run(outcome) -> dict:
-    run = getattr(outcome.error, "run", None)
-    data = run.to_dict() if run is not None else {"host": outcome.host.name}
-    data.update(status="failed" if not outcome.skipped else "skipped", error=outcome.error.to_dict())
-    return data
 
 
 def _row(run: dict) -> dict:

@@ -6,7 +6,14 @@ from invoke import task
 from invoke.exceptions import Exit
 
 from gpuprov.json_text import dump_json
-from gpuprov.tasks._common import HOST_HELP, exits_cleanly, only_components, run_settings, select_hosts
+from gpuprov.tasks._common import (
+    HOST_HELP,
+    exits_cleanly,
+    failed_run,
+    only_components,
+    run_settings,
+    select_hosts,
+)
 
 # gpuprov.ops.COMPONENTS, written out so that `invoke --list` imports no operation module
 ONLY_CHOICES = "sources,kernel,driver,cuda,nccl,engine,container_toolkit,fabricmanager,dcgm,pins"
@@ -83,7 +90,7 @@ def provision(c, host=None, group=None, all=False, inventory=None, dry_run=False
             jump_of=inv.jump_host, on_event=printer)
     except RunInterrupted as stop:
         outcomes, interrupted = stop.outcomes, True
-    runs = [o.value.to_dict() if o.ok else _failed_run(o) for o in outcomes]
+    runs = [o.value.to_dict() if o.ok else failed_run(o) for o in outcomes]
     report = write_json_report(reports, "provision", {"dry_run": dry_run, "reboot_policy": reboot,
                                                       "interrupted": interrupted, "hosts": runs})
     if new_reports:
@@ -101,13 +108,6 @@ def provision(c, host=None, group=None, all=False, inventory=None, dry_run=False
     code = _exit_code(outcomes)
     if code:
         raise Exit(code=code)
-
-
-def _failed_run(outcome) -> dict:
-    run = getattr(outcome.error, "run", None)
-    data = run.to_dict() if run is not None else {"host": outcome.host.name}
-    data.update(status="failed" if not outcome.skipped else "skipped", error=outcome.error.to_dict())
-    return data
 
 
 def _summary_row(run: dict) -> dict:
