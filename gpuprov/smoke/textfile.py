@@ -18,7 +18,8 @@ import math
 import os
 import tempfile
 
-STATUSES = ("pass", "fail", "warn", "skip")
+from .core import STATUSES
+
 MATMUL = ("bf16_tflops", "fp16_tflops", "tf32_tflops", "fp32_tflops")
 COPY = ("d2d_gbs", "h2d_gbs", "d2h_gbs")
 HELP = {
