@@ -98,11 +98,12 @@ def bare_lab(size: int):
     import gpuprov.lab as lab
     from gpuprov.inventory import load_inventory
     from gpuprov.lab.hosts import lab_containers
+    from gpuprov.lab.removal import remove_container
 
     client = docker.from_env()
     started = time.monotonic()
     for container in lab_containers(client):
-        container.remove(force=True)
+        remove_container(container)
     state = lab.up(size, profiles=PROFILES)
     without_engine(state.paths.inventory)
     log(f"lab: {size} bare hosts in {time.monotonic() - started:.0f} s")

@@ -46,16 +46,26 @@ class _Kind:
 
     accepts: str
     minimum: int | None = None  # None: a path
+    maximum: int | None = None
+    why: str = ""  # what the maximum protects
 
 
+# gpuprov.inventory.checks.MAX_SECONDS, written out: importing it would load the inventory package with every task
+MAX_SECONDS = 366 * 24 * 3600
+MAX_CONNECT_TIMEOUT = 3600
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+MAX_CONFIRM_TIMEOUT = 86400
 _PATH = _Kind("a path (a non-empty string)")
 KINDS: dict[str, _Kind] = {
     "inventory": _PATH,
-    "parallel": _Kind("a whole number >= 1", 1),
-    "connect_timeout": _Kind("a whole number of seconds >= 1", 1),
-    "connect_retries": _Kind("a whole number >= 0 (0: no retry)", 0),
-    "command_timeout": _Kind("a whole number of seconds >= 1", 1),
-    "confirm_timeout": _Kind("a whole number of seconds >= 15", 15),
+    "parallel": _Kind("a whole number >= 1", 1, 4096, "a thread and an SSH connection each"),
+    "connect_timeout": _Kind("a whole number of seconds >= 1", 1, MAX_CONNECT_TIMEOUT,
+                             "an hour: a host that has not answered by then will not"),
+    "connect_retries": _Kind("a whole number >= 0 (0: no retry)", 0, 100, "each retry waits the connect timeout"),
+    "command_timeout": _Kind("a whole number of seconds >= 1", 1, MAX_SECONDS,
+                             "a year: what Python's timers hold, with room"),
+    "confirm_timeout": _Kind("a whole number of seconds >= 15", 15, MAX_CONFIRM_TIMEOUT,
+                             "a day: the firewall guard's revert timer should fire while someone still waits"),
     "known_hosts": _PATH,
     "reports": _PATH,
     "locks": _PATH,
@@ -152,10 +162,17 @@ def source_errors(files: Iterable[Path], environ: Mapping[str, str]) -> list[str
 def _problem(key: str, value: Any) -> str | None:
     """Why a value cannot be the setting `key`, saying what it accepts; None when it can."""
     kind = KINDS[key]
+    if kind.minimum is None and isinstance(value, str) and value.strip() != "":
+        from gpuprov.inventory.checks import path_text_problem
+
+        problem = path_text_problem(value)
+        return None if problem is None else problem.replace("must be a path", "must be a path (a non-empty string)")
     if kind.minimum is None:
-        ok = isinstance(value, str) and value.strip() != ""
+        ok = False
     else:
         ok = isinstance(value, int) and not isinstance(value, bool) and value >= kind.minimum
+    if ok and kind.maximum is not None and value > kind.maximum:
+        return f"must be at most {kind.maximum} ({kind.why}), not {_show(value)}"
     if ok:
         return None
     if kind.minimum is not None and isinstance(value, str) and _WHOLE_NUMBER.fullmatch(value.strip()):
@@ -250,8 +267,12 @@ def file_errors(path: Path) -> list[str]:
         return [f"{name}: no such config file"]
     if not path.is_file():
         return [f"{name}: not a file"]
+    from gpuprov.inventory.checks import NotRegular, read_regular
+
     try:
-        data = path.read_bytes()
+        data = read_regular(path, MAX_CONFIG_BYTES)  # checked on the opened file: no pipe or device is read
+    except NotRegular as exc:
+        return [f"{name}: {exc.reason}"]
     except OSError as exc:
         return [f"{name}: cannot read: {exc.strerror}"]
     try:
@@ -313,7 +334,7 @@ def _read_yaml(text: str) -> tuple[Any, dict]:
         root = loader.get_single_node()
         doc = loader.construct_document(root) if root is not None else None
     except yaml.MarkedYAMLError as exc:
-        raise _syntax(exc) from None
+        raise _syntax(exc, text) from None
     except yaml.reader.ReaderError as exc:
         line = text[:exc.position].count("\n") + 1
         raise _Unreadable(line, exc.position - text.rfind("\n", 0, exc.position),
@@ -335,10 +356,16 @@ def _read_yaml(text: str) -> tuple[Any, dict]:
     return doc, marks
 
 
-def _syntax(exc: yaml.MarkedYAMLError) -> _Unreadable:
-    """A YAML error at the place the parser noticed it, naming where the construct it was reading began."""
+def _syntax(exc: yaml.MarkedYAMLError, text: str) -> _Unreadable:
+    """A YAML error at the place the parser noticed it, naming where the construct it was reading began; a tab
+    where YAML wants indentation is named as a tab."""
     mark = exc.problem_mark or exc.context_mark
     line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+    rows = text.split("\n", line) if mark else []
+    row = rows[line - 1] if len(rows) >= line else ""  # the parser may stop past the last line
+    if row[col - 1:col] == "\t":
+        return _Unreadable(line, col, "YAML syntax error: a tab character; YAML indents with spaces, not tabs: "
+                                      "replace the tab with spaces")
     problem = literal(exc.problem or "bad YAML")
     began = exc.context_mark
     if exc.context and began is not None and (began.line, began.column) != (line - 1, col - 1):

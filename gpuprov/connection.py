@@ -8,17 +8,29 @@ trust on first use was asked for explicitly (`--trust-new-hosts`); a changed or 
 from __future__ import annotations
 
 import logging
+import os
+import re
 import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuprov.errors import GpuprovError
+from gpuprov.errors import GpuprovError, InputError
 from gpuprov.known_hosts import KnownHosts
+from gpuprov.secrets import mask, register
 
 # paramiko logs a failed handshake with its traceback; with no handler configured Python prints that on
 # stderr. gpuprov reports every connection error itself (ConnectError, HostKeyError), once and plainly.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+
+# Run by sudo as root in front of a command when a sudo password is set: stdin starts with the password line and
+# a marker line ($1). sudo reads the password line when it asks for one; when it does not (NOPASSWD, for all
+# commands or for sh), `read` takes it into a variable. Either way the command's stdin starts after the marker, so the
+# password is never executed by `sh -s`, read by the command or written anywhere.
+_SKIP_PASSWORD = ('IFS= read -r line && { [ "$line" = "$1" ] || { IFS= read -r line && [ "$line" = "$1" ]; }; } || '
+                  '{ echo "gpuprov: sudo did not take the password line as expected: nothing was run" >&2; '
+                  'exit 126; }; line=; shift; exec sh -c "$1"')
 
 
 class HostKeyError(GpuprovError):
@@ -51,14 +63,6 @@ class Result:
     def shown_command(self) -> str:
         """The command as logs and reports may show it: every secret replaced by ***."""
         return mask(self.command, self.masked)
-
-
-def mask(text: str, secrets: list[str]) -> str:
-    """Replace every secret in text by ***."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    return text
 
 
 def known_hosts_name(address: str, port: int) -> str:
@@ -230,7 +234,13 @@ class HostConnection:
         return self.host.user != "root"
 
     def set_sudo_password(self, password: str | None) -> None:
-        """The sudo password, used on stdin and never logged."""
+        """The sudo password, used on stdin and never logged: registered with gpuprov.secrets, so that every
+        output masks it. InputError for one with a line break, which `sudo -S` cannot read."""
+        if password is not None and ("\n" in password or "\r" in password):
+            raise InputError("the sudo password has a line break, which sudo -S cannot read", host=self.host.name,
+                             step="sudo", hint="set the password without a line break in the variable that the "
+                                               "inventory's sudo.password_env names")
+        register(password)
         self._sudo_password = password
 
     def run(self, command: str, *, sudo: bool = False, timeout: int | None = None,
@@ -241,8 +251,9 @@ class HostConnection:
         secrets: list[str] = []
         if sudo and self.needs_sudo:
             if self._sudo_password is not None:
-                wrapped = f"sudo -S -p '' -k sh -c {shlex.quote(command)}"
-                stdin = self._sudo_password + "\n" + (stdin or "")
+                marker = os.urandom(16).hex()
+                wrapped = f"sudo -S -p '' -k sh -c {shlex.quote(_SKIP_PASSWORD)} sh {marker} {shlex.quote(command)}"
+                stdin = f"{self._sudo_password}\n{marker}\n" + (stdin or "")
                 secrets.append(self._sudo_password)
             else:
                 wrapped = f"sudo -n sh -c {shlex.quote(command)}"
@@ -275,24 +286,53 @@ class HostConnection:
         return result
 
 
-def _drain(channel) -> tuple[str, str]:
-    """Read stdout and stderr until the command ends (select wakes on either stream or on close)."""
+OUTPUT_CAP = 4 << 20   # bytes kept of each stream of one command: the tail (a host printing without end)
+CUT_NOTE = re.compile(r"\[gpuprov: output cut: the first (\d+) bytes were dropped, the last \d+ kept\]\n")
+
+
+def _drain(channel, cap: int = OUTPUT_CAP) -> tuple[str, str]:
+    """Read stdout and stderr until the command ends (select wakes on either stream or on close). Each stream
+    keeps its last `cap` bytes; a cut one starts with a note of how much was dropped (output_cut reads it)."""
     import select
 
-    out, err = bytearray(), bytearray()
+    streams = {"out": bytearray(), "err": bytearray()}
+    dropped = {"out": 0, "err": 0}
+
+    def keep(name: str, data: bytes) -> None:
+        if time.monotonic() > deadline:   # a stream that never pauses still ends at the timeout
+            raise TimeoutError
+        kept = streams[name]
+        kept += data
+        if len(kept) > 2 * cap:   # trimmed in batches: a stream costs at most 2 x cap bytes
+            dropped[name] += len(kept) - cap
+            del kept[:len(kept) - cap]
+
     deadline = time.monotonic() + (channel.gettimeout() or 1800)
     while True:
         while channel.recv_ready():
-            out += channel.recv(65536)
+            keep("out", channel.recv(65536))
         while channel.recv_stderr_ready():
-            err += channel.recv_stderr(65536)
+            keep("err", channel.recv_stderr(65536))
         drained = not channel.recv_ready() and not channel.recv_stderr_ready()
         if channel.exit_status_ready() and drained and (channel.eof_received or channel.closed):
             break
         if time.monotonic() > deadline:
             raise TimeoutError
         select.select([channel], [], [], 0.2)
-    return out.decode(errors="replace"), err.decode(errors="replace")
+    out = []
+    for name, kept in streams.items():
+        if len(kept) > cap:
+            dropped[name] += len(kept) - cap
+            del kept[:len(kept) - cap]
+        note = f"[gpuprov: output cut: the first {dropped[name]} bytes were dropped, the last {cap} kept]\n"
+        out.append((note if dropped[name] else "") + kept.decode(errors="replace"))
+    return out[0], out[1]
+
+
+def output_cut(text: str) -> int:
+    """How many bytes of a command's stream `_drain` dropped (0: none)."""
+    found = CUT_NOTE.match(text)
+    return int(found.group(1)) if found else 0
 
 
 def _sudo_refused(stderr: str) -> bool:

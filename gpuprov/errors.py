@@ -4,16 +4,7 @@ from __future__ import annotations
 
 import re
 
-# up to the last @ before the host, as URL parsers split it: a password may hold an unescaped @ ("p@ss")
-_URL_CREDENTIALS = re.compile(r"(?<=://)[^/\s\"']+@")
-# A secret value: up to whitespace, a quote or an escaped line break; other backslash escapes (JSON `\"`,
-# `\\`) count as one character, so masking JSON text keeps it valid.
-_SECRET = r"(?:\\[^nrt]|[^\s\"'\\])+"
-# apt_auth.conf(5) entries (`machine HOST login USER password SECRET`) and `password=` / `proxy_password=`
-# lines of dnf .repo files.
-_AUTH_CONF_PASSWORD = re.compile(r"(\bmachine\s+\S+\s+login\s+\S+\s+password\s+)" + _SECRET)
-_PASSWORD_SETTING = re.compile(r"(password\s*=\s*)" + _SECRET)
-
+from gpuprov.secrets import mask as mask_credentials  # the one masking function, under its old name
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
@@ -28,14 +19,6 @@ def literal_lines(text: str) -> str:
     """`literal` for each line of a message whose line breaks are gpuprov's own (a list of located errors);
     the values put into such a message are escaped where they are put in."""
     return "\n".join(literal(line) for line in text.split("\n"))
-
-
-def mask_credentials(text: str) -> str:
-    """Replace every secret gpuprov handles by ***: the user:password part of URLs (proxies, mirrors), the
-    password of apt auth.conf entries and the value of `password=` settings. The one masking function."""
-    text = _URL_CREDENTIALS.sub("***@", text)
-    text = _AUTH_CONF_PASSWORD.sub(r"\g<1>***", text)
-    return _PASSWORD_SETTING.sub(r"\g<1>***", text)
 
 
 class GpuprovError(Exception):
@@ -54,20 +37,22 @@ class GpuprovError(Exception):
         self.hint = hint
 
     def __str__(self) -> str:
+        # masked before the layout too: a secret cut by a line break or the tail's indent would escape the mask
+        shown = self.to_dict()
         parts = []
-        if self.host:
-            parts.append(f"[{literal(self.host)}]")
-        if self.step:
-            parts.append(f"{literal(self.step)}:")
-        parts.append(literal_lines(self.message))
+        if shown["host"]:
+            parts.append(f"[{literal(shown['host'])}]")
+        if shown["step"]:
+            parts.append(f"{literal(shown['step'])}:")
+        parts.append(literal_lines(shown["error"]))
         text = " ".join(parts)
-        if self.command:
-            text += "\n  command: " + literal_lines(self.command).replace("\n", "\n    ")
-        if self.output:
-            tail = "\n".join(literal(line) for line in self.output.rstrip().splitlines()[-15:])
+        if shown["command"]:
+            text += "\n  command: " + literal_lines(shown["command"]).replace("\n", "\n    ")
+        if shown["output"]:
+            tail = "\n".join(literal(line) for line in shown["output"].rstrip().splitlines()[-15:])
             text += "\n  output (tail):\n    " + tail.replace("\n", "\n    ")
-        if self.hint:
-            text += "\n  next: " + literal_lines(self.hint).replace("\n", "\n    ")
+        if shown["hint"]:
+            text += "\n  next: " + literal_lines(shown["hint"]).replace("\n", "\n    ")
         return mask_credentials(text)
 
     def to_dict(self) -> dict:

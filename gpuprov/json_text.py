@@ -3,7 +3,8 @@
 JSON has no NaN or Infinity, and `json.dumps` writes them by default (`NaN`, which strict parsers such as
 `jq` and JavaScript's JSON.parse refuse). Here a float that is not finite becomes `null` ("no number"), the
 value JSON has for a measurement that is missing, and the text is written with allow_nan=False so that
-nothing else can slip through. Secrets are masked (gpuprov.errors.mask_credentials) on the way out.
+nothing else can slip through. Secrets are masked on the way out (gpuprov.secrets.mask_data: in each string,
+so that the text stays valid JSON whatever a secret holds).
 """
 
 from __future__ import annotations
@@ -12,14 +13,14 @@ import json
 import math
 from typing import Any
 
-from gpuprov.errors import mask_credentials
+from gpuprov.secrets import mask, mask_data
 
 
 def dump_json(data: Any, *, indent: int | None = 2, sort_keys: bool = False) -> str:
     """One JSON document: non-finite floats as null, keys as strings, other objects (paths, dates) as
     their text, credentials masked."""
-    return mask_credentials(json.dumps(_strict(data), indent=indent, sort_keys=sort_keys, allow_nan=False,
-                                       default=str))
+    return json.dumps(mask_data(_strict(data)), indent=indent, sort_keys=sort_keys, allow_nan=False,
+                      default=lambda item: mask(str(item)))
 
 
 def _strict(value: Any) -> Any:

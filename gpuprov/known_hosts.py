@@ -25,6 +25,7 @@ from hashlib import sha1
 from pathlib import Path
 
 from gpuprov.errors import InputError, literal
+from gpuprov.inventory.checks import NotRegular, read_regular
 
 MARKERS = ("@cert-authority", "@revoked")
 MAX_BYTES = 64 * 1024 * 1024
@@ -123,11 +124,11 @@ def read_known_hosts(path: Path) -> KnownHosts:
     if not path.is_file():
         raise KnownHostsError(path, [f"{shown}: known_hosts: not a regular file"], _WHERE)
     try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise KnownHostsError(path, [f"{shown}: known_hosts: {size} bytes, more than the {MAX_BYTES} a "
-                                         "known_hosts file may have: is this the right file?"], _WHERE)
-        data = path.read_bytes()
+        data = read_regular(path, MAX_BYTES)  # checked on the opened file: no pipe or device is read
+    except NotRegular as exc:
+        problem = (f"{exc.size} bytes, more than the {MAX_BYTES} a known_hosts file may have: is this the right "
+                   "file?" if exc.size is not None else exc.reason)
+        raise KnownHostsError(path, [f"{shown}: known_hosts: {problem}"], _WHERE) from None
     except OSError as exc:
         raise KnownHostsError(path, [f"{shown}: known_hosts: cannot read: {exc.strerror}"],
                               "give this user read access to it, or " + _WHERE) from None

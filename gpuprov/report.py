@@ -206,7 +206,8 @@ def check_folder(setting: str, path: str | Path, *, write: bool) -> bool:
     path = Path(path)
     shown = literal(str(path))
     elsewhere = (f"or point {setting} at another folder (invoke.yaml, or INVOKE_GPUPROV_"
-                 f"{setting.removeprefix('gpuprov.').upper()}=PATH)")
+                 f"{setting.removeprefix('gpuprov.').upper()}=PATH)" if setting.startswith("gpuprov.") else
+                 f"or give {setting} another folder")
     if path.is_dir():
         mode, verb = (os.W_OK | os.X_OK, "write into") if write else (os.R_OK | os.X_OK, "read")
         if not os.access(path, mode):

@@ -15,3 +15,13 @@ def fixture_text():
         return (FIXTURES / relative).read_text()
 
     return read
+
+
+@pytest.fixture(autouse=True)
+def own_secrets(monkeypatch):
+    """Each test masks only the secrets it registers itself (gpuprov.secrets keeps one registry per process,
+    which a test's `pw` would otherwise turn into a mask over every later test's output)."""
+    from gpuprov import secrets
+
+    monkeypatch.setattr(secrets, "_values", set())
+    monkeypatch.setattr(secrets, "_pattern", None)

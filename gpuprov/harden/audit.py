@@ -57,8 +57,16 @@ def _chain_policy(table: str | None, hook: str) -> str:
     return match.group(1) if match else "accept (no gpuprov chain)"
 
 
-def _firewall(facts: dict, aspect: str, ruleset: str) -> str:
+def _others(facts: dict) -> str | list[str]:
+    """The firewalls and rulesets besides gpuprov's table and Docker's rules ("none" when there are none)."""
+    found = [f"{name} {state}" for name, state in (facts.get("other_firewalls") or {}).items()]
+    return [*found, *(facts.get("other_rulesets") or [])] or "none"
+
+
+def _firewall(facts: dict, aspect: str, ruleset: str) -> str | list[str]:
     table = facts.get("nft_table")
+    if aspect == "others":
+        return _others(facts)
     if aspect in ("live", "persisted"):
         differs = nft.state(facts, ruleset)
         keys = ("ruleset", "live") if aspect == "live" else ("ruleset", "boot")

@@ -5,18 +5,25 @@
      "ssh_supports": {kind: [names]}, "host_key_types": [...], "sshd_dropins": [...],
      "nft": bool, "nft_table": str | None, "units": {unit: is-enabled}, "packages": {name: version},
      "apt_config": {key: [values]}, "sysctl": {key: value}, "tmp_options": [...] | None, "docker": bool,
+     "docker_bridges": [...] | None, "other_firewalls": {unit: state}, "other_rulesets": [...],
      "guards": [...], "files": {path: content | None}}
+
+docker_bridges: the interfaces of Docker's bridge networks (None: Docker did not answer). other_firewalls: ufw,
+firewalld and nftables.service where they count (parse_firewall_units). other_rulesets: the tables that filter
+besides gpuprov's and Docker's rules (firewall.other_rulesets).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 import shlex
 from functools import cache
 from importlib import resources
 
 from gpuprov.errors import GpuprovError
 from gpuprov.facts.parsers import parse_file, parse_lines, parse_os_release, split_sections
+from gpuprov.harden.firewall import INTERFACE, other_rulesets
 
 QUERY_KINDS = {"kex": "kex_algorithms", "cipher": "ciphers", "mac": "macs", "key-sig": "host_key_algorithms"}
 
@@ -105,6 +112,38 @@ def parse_apt_config(text: str) -> dict[str, list[str]]:
     return config
 
 
+def parse_docker_bridges(text: str) -> list[str] | None:
+    """`ID NAME` lines of Docker's bridge networks -> their interfaces (the name Docker was given, else br-ID[:12]);
+    None when Docker did not answer. A line that is not a network ID and an interface name is left out."""
+    body, rc = _rc_split(text)
+    if rc != 0:
+        return None
+    bridges = []
+    for line in parse_lines(body):
+        fields = line.split(None, 1)
+        if len(fields) != 2 or not re.fullmatch(r"[0-9a-f]{64}", fields[0]):
+            continue
+        name = f"br-{fields[0][:12]}" if fields[1].strip() == "<no value>" else fields[1].strip()
+        if INTERFACE.fullmatch(name):
+            bridges.append(name)
+    return sorted(set(bridges))
+
+
+def parse_firewall_units(text: str) -> dict[str, str]:
+    """ufw and firewalld where enabled or active, nftables.service where enabled: {name: "enabled, active"}.
+    (nftables.service flushes the ruleset when it starts, reloads or stops: enabled, it is the operator's way of
+    loading rules; merely active, nothing but a hand starts it again.)"""
+    found: dict[str, list[str]] = {}
+    for line in parse_lines(text):
+        name, *states = line.split()
+        counted = ("enabled", "enabled-runtime") + (("active", "activating", "reloading")
+                                                    if name in ("ufw", "firewalld.service") else ())
+        kept = [state for state in states if state in counted]
+        if kept and name in ("ufw", "firewalld.service", "nftables.service"):
+            found.setdefault(name, []).extend(kept)
+    return {name: ", ".join(states) for name, states in found.items()}
+
+
 def parse_facts(output: str) -> dict:
     """All harden facts from the script's whole output."""
     sec = split_sections(output)
@@ -117,6 +156,7 @@ def parse_facts(output: str) -> dict:
             packages[fields[1]] = fields[2]
     supports = {QUERY_KINDS[k]: v.split() for k, v in _pairs(sec.get("ssh-Q", "")).items() if k in QUERY_KINDS}
     tmp = sec.get("tmp-mount", "").strip()
+    bridges = parse_docker_bridges(sec.get("docker-bridges", ""))
     return {
         "os": parse_os_release(sec.get("os-release", "")),
         "systemd": sec.get("systemd", "").strip() == "yes",
@@ -134,6 +174,9 @@ def parse_facts(output: str) -> dict:
         "sysctl": _pairs(sec.get("sysctl", "")),
         "tmp_options": tmp.split(",") if tmp else None,
         "docker": sec.get("docker", "").strip() == "yes",
+        "docker_bridges": bridges,
+        "other_firewalls": parse_firewall_units(sec.get("firewall-units", "")),
+        "other_rulesets": other_rulesets(sec.get("nft-ruleset", ""), sec.get("iptables-legacy", ""), bridges or ()),
         "guards": parse_lines(sec.get("guards", "")),
         "files": {name[5:]: parse_file(body) for name, body in sec.items() if name.startswith("file ")},
         "complete": "end" in sec,

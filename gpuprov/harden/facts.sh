@@ -30,6 +30,32 @@ fi
 s sshd-dropins; ls -1 /etc/ssh/sshd_config.d 2>/dev/null
 s nft-version; have nft && nft --version 2>/dev/null
 s nft-table; if have nft; then nft list table inet gpuprov 2>/dev/null; echo "@@rc=$?"; fi
+s nft-ruleset; have nft && nft -t list ruleset 2>/dev/null | head -c 262144
+s iptables-legacy
+# legacy rules are visible only where the legacy tables are loaded (reading them loads nothing)
+for f in ip ip6; do
+  if [ -n "$(cat "/proc/net/${f}_tables_names" 2>/dev/null)" ] && have "${f}tables-legacy-save"; then
+    "${f}tables-legacy-save" 2>/dev/null | sed "s/^/$f /"
+  fi
+done
+s firewall-units
+# firewalls gpuprov does not own: ufw, firewalld, and nftables.service (it flushes the whole ruleset on restart)
+if have systemctl; then
+  for u in firewalld.service nftables.service; do
+    e=$(systemctl is-enabled "$u" 2>/dev/null | head -n 1); a=$(systemctl is-active "$u" 2>/dev/null | head -n 1)
+    echo "$u ${e:-absent} ${a:-unknown}"
+  done
+fi
+# ufw.service runs (and is enabled) on Ubuntu even while ufw is off: ufw's own status and configuration say
+grep -qs '^ENABLED=yes' /etc/ufw/ufw.conf && echo "ufw enabled"
+have ufw && [ "$(ufw status 2>/dev/null | sed -n 's/^Status: //p' | head -n 1)" = active ] && echo "ufw active"
+s docker-bridges
+# the bridges of Docker's bridge networks: `ID NAME` (NAME `<no value>`: Docker's br-ID[:12]); no @@rc: no answer
+if have docker && ids=$(timeout 30 docker network ls -q --no-trunc --filter driver=bridge 2>/dev/null); then
+  [ -z "$ids" ] || timeout 30 docker network inspect -f '{{.Id}} {{index .Options "com.docker.network.bridge.name"}}' \
+    $ids 2>/dev/null
+  echo "@@rc=0"
+fi
 s units
 if have systemctl; then
   for u in gpuprov-firewall.service apt-daily.timer apt-daily-upgrade.timer; do

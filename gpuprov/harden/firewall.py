@@ -6,13 +6,17 @@ everything from the cluster networks; SSH from the `firewall.allow` entry for th
 there is none); the other `firewall.allow` entries; the service ports; the exporters `monitoring.deploy` runs
 (node_exporter 9100, dcgm-exporter 9400) from monitoring_cidrs, where the host has them. Connections DNATed to
 containers (ports published by Docker) pass the same allow list in a forward chain that runs before Docker's own
-(priority filter - 1): the port compared is the one published on the host. Only gpuprov's table, `inet gpuprov`, is
-replaced; Docker's tables and any other are never flushed.
+(priority filter - 1): the port compared is the one published on the host; connections from Docker's own bridges
+(docker0 and the bridges of Docker's networks, by name from the facts) are left to Docker, and no other interface is
+(an uplink bridge named `br-ex` meets the allow list). DHCPv6 replies to the host's link-local addresses are
+accepted, as ufw and firewalld do by default. Only gpuprov's table, `inet gpuprov`, is replaced; Docker's tables and
+any other are never flushed.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -22,6 +26,8 @@ LISTING = "/var/lib/gpuprov/firewall.listing"   # `nft list table` of the rulese
 UNIT = "gpuprov-firewall.service"
 UNIT_FILE = f"/etc/systemd/system/{UNIT}"
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+DOCKER_BRIDGE = "docker0"                       # Docker's default bridge, exempted even before Docker runs
+INTERFACE = re.compile(r"[A-Za-z0-9_.-]{1,15}")  # what a facts-supplied bridge name must be to reach the ruleset
 
 
 @dataclass(frozen=True)
@@ -118,8 +124,14 @@ def _lines(rule: Rule, port_match: str) -> list[str]:
     return out
 
 
-def render(rules: list[Rule]) -> str:
-    """The whole ruleset file (nftables syntax) for these rules."""
+def bridge_set(bridges: Iterable[str]) -> str:
+    """The nft interface-name set of Docker's bridges: docker0 and the named ones (exact names, never a wildcard)."""
+    names = sorted({DOCKER_BRIDGE, *(name for name in bridges if INTERFACE.fullmatch(name))})
+    return "{ " + ", ".join(f'"{name}"' for name in names) + " }"
+
+
+def render(rules: list[Rule], bridges: Iterable[str] = ()) -> str:
+    """The whole ruleset file (nftables syntax) for these rules; `bridges`: the host's Docker bridges (facts)."""
     from gpuprov.harden.templates import render_template
 
     inbound, published = [], []
@@ -128,7 +140,8 @@ def render(rules: list[Rule]) -> str:
         inbound += [f"{body} accept {comment}" for body in _lines(rule, "{proto} dport {port}")]
         published += [f"{body} return {comment}"
                       for body in _lines(rule, "meta l4proto {proto} ct original proto-dst {port}")]
-    return render_template("nftables.conf.j2", table=TABLE, inbound=inbound, published=published)
+    return render_template("nftables.conf.j2", table=TABLE, inbound=inbound, published=published,
+                           bridges=bridge_set(bridges))
 
 
 def unit_file() -> str:
@@ -140,3 +153,81 @@ def unit_file() -> str:
             "DefaultDependencies=no\nConflicts=shutdown.target\nBefore=shutdown.target\n\n"
             f"[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/usr/sbin/nft -f {RULESET}\n"
             f"ExecReload=/usr/sbin/nft -f {RULESET}\n\n[Install]\nWantedBy=multi-user.target\n")
+
+
+DOCKER_TABLES = ("ip docker-bridges", "ip6 docker-bridges")   # Docker's own tables (its nftables firewall backend)
+_DOCKER_JUMP = re.compile(r"\b(jump|goto) DOCKER|-[jg] DOCKER|\bbr-[0-9a-f]{12}\b")   # also: Docker's bridge names
+_BASE = re.compile(r"type (\w+) hook (\w+)[^;]*;(?: policy (\w+);)?")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.:/@+ (),-]")    # a host's table and chain names, as they may reach a terminal
+
+
+def _dockers(chain: str, rule: str, bridges: tuple[str, ...]) -> bool:
+    """Whether a rule is one Docker adds: in its chains (DOCKER-USER holds the operator's own, so only a bare
+    return there), a jump to its chains, or a match on one of its bridges (named by the facts, or br-ID[:12] as
+    Docker names them, for when Docker does not answer)."""
+    if chain == "DOCKER-USER":
+        return re.fullmatch(r"(counter( packets \d+ bytes \d+)? )?return|-j RETURN", rule) is not None
+    return (chain.startswith("DOCKER") or _DOCKER_JUMP.search(rule) is not None
+            or any(f'"{name}"' in rule or f" {name} " in f" {rule} " for name in bridges))
+
+
+def _nat(table: str) -> bool:
+    return table.endswith(" nat")
+
+
+def _describe(table: str, chains: dict[str, list]) -> str | None:
+    """`TABLE: chain C (policy drop, N rules), ...` for the chains with something of their own, else None."""
+    parts = []
+    for name, (policy, rules) in chains.items():
+        found = ([f"policy {policy}"] if policy else []) + ([f"{rules} rules"] if rules else [])
+        if found:
+            parts.append(_UNSAFE.sub("?", f"chain {name} ({', '.join(found)})"))
+    if not parts:
+        return None
+    more = f" and {len(parts) - 4} more chains" if len(parts) > 4 else ""
+    return f"{_UNSAFE.sub('?', table)}: " + ", ".join(parts[:4]) + more
+
+
+def other_rulesets(listing: str, legacy: str, bridges: Iterable[str]) -> list[str]:
+    """The rules that filter this host besides gpuprov's table and Docker's own: one line per table, from
+    `nft -t list ruleset` and `iptables-legacy-save` (each line `ip|ip6 SAVE-LINE`). Chains that drop nothing
+    (policy accept, no rules) are left out; so are Docker's FORWARD policy drop, every rule Docker adds, and NAT
+    (nat tables and chains: they change where a packet goes, and it still meets gpuprov's chains after)."""
+    names = (DOCKER_BRIDGE, *bridges)
+    tables: dict[str, dict[str, list]] = {}
+
+    def slot(table: str, chain: str) -> list:
+        return tables.setdefault(table, {}).setdefault(chain, ["", 0])
+
+    depth, table, chain = 0, "", ""
+    for raw in listing.splitlines():
+        line = raw.strip()
+        if depth == 0 and line.startswith("table ") and line.endswith("{"):
+            table, chain = "table " + line[6:-1].strip(), ""
+        elif depth == 1:
+            chain = line[6:-1].strip() if line.startswith("chain ") and line.endswith("{") else ""
+        elif depth == 2 and chain and line and table[6:] not in (TABLE, *DOCKER_TABLES) and not _nat(table):
+            base = _BASE.match(line)
+            if base and base.group(1) != "filter":
+                chain = ""                       # a nat or route chain
+            elif base:
+                docker_forward = base.group(2) == "forward" and chain == "FORWARD" and table.endswith(" filter")
+                slot(table, chain)[0] = "" if base.group(3) in (None, "accept") or docker_forward else base.group(3)
+            elif not line.startswith(("#", "}", "comment ")) and not _dockers(chain, line, names):
+                slot(table, chain)[1] += 1
+        depth += line.count("{") - line.count("}")
+    for raw in legacy.splitlines():
+        family, _, line = raw.partition(" ")
+        if line.startswith("*"):
+            table = f"{family}tables-legacy {line[1:].strip()}"
+        elif _nat(table):
+            continue
+        elif line.startswith(":") and len(line.split()) >= 2:
+            chain, policy = line[1:].split()[:2]
+            foreign = policy not in ("ACCEPT", "-") and not (chain == "FORWARD" and table.endswith(" filter"))
+            slot(table, chain)[0] = policy.lower() if foreign else ""
+        elif line.startswith("-A ") and len(line.split()) >= 2:
+            chain = line.split()[1]
+            if not _dockers(chain, " ".join(line.split()[2:]), names):
+                slot(table, chain)[1] += 1
+    return [text for name, chains in tables.items() if (text := _describe(name, chains))]

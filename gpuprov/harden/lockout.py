@@ -3,8 +3,11 @@
 - no algorithm of a kind in common with paramiko, gpuprov's SSH client;
 - HostKeyAlgorithms without the type of the host key gpuprov verifies (known_hosts would no longer match);
 - the connecting user left out by AllowUsers / AllowGroups, or root with PermitRootLogin no;
-- a firewall that drops SSH from the address the host sees gpuprov connect from ($SSH_CONNECTION).
-`--i-have-console-access` turns these into notices; the commit-confirmed guard still reverts a lockout.
+- a firewall that drops SSH from the address the host sees gpuprov connect from ($SSH_CONNECTION);
+- a firewall gpuprov does not own (ufw, firewalld, nftables.service, another table that filters): gpuprov refuses
+  to load its table beside it rather than integrate with it, and says how to turn it off or leave the firewall to it.
+`--i-have-console-access` turns these into notices; the commit-confirmed guard still reverts a lockout, and the
+audit after applying reverts a firewall loaded beside another one.
 """
 
 from __future__ import annotations
@@ -57,17 +60,44 @@ def ssh_refusals(policy: HardenPolicy, facts: dict, user: str, key_type: str | N
     return found
 
 
+BOTH_FILTER = ("it owns this host's firewall: its rules and gpuprov's table would both filter, a port opening only "
+               "where both allow it")
+OTHER_FIREWALLS = {
+    "ufw": (BOTH_FILTER, "turn it off (`ufw disable`)"),
+    "firewalld.service": (BOTH_FILTER, "turn it off (`systemctl disable --now firewalld`)"),
+    "nftables.service": ("it loads /etc/nftables.conf, whose `flush ruleset` (and the unit's stop, `nft flush "
+                         "ruleset`) wipes gpuprov's table and Docker's on every restart or reload",
+                         "`systemctl disable nftables.service` (not --now: stopping it flushes the whole ruleset; "
+                         "gpuprov-firewall.service loads gpuprov's table at boot)"),
+}
+LEAVE_IT = "or leave the firewall to it (invoke harden --only ssh,updates)"
+
+
+def other_firewall_refusals(facts: dict) -> list[str]:
+    """Why gpuprov will not load its table beside another firewall: one reason per firewall or foreign table."""
+    found = []
+    for name, state in (facts.get("other_firewalls") or {}).items():
+        why, fix = OTHER_FIREWALLS[name]
+        found.append(f"{name} is {state}: {why}; gpuprov refuses rather than integrate: {fix}, {LEAVE_IT}")
+    for ruleset in facts.get("other_rulesets") or []:
+        found.append(f"another ruleset filters this host ({ruleset}): gpuprov refuses to filter beside it rather "
+                     f"than integrate: remove those rules and what loads them, {LEAVE_IT}")
+    return found
+
+
 def firewall_refusals(policy: HardenPolicy, facts: dict) -> list[str]:
-    """Why the firewall would drop gpuprov's own SSH connections ([] when it would not)."""
+    """Why the firewall would drop gpuprov's own SSH connections, or must not be loaded beside another ([] when
+    neither)."""
+    others = other_firewall_refusals(facts)
     controller = facts.get("controller")
     if controller is None:
-        return ["the host does not show the address gpuprov connects from ($SSH_CONNECTION), so the firewall "
-                "cannot be shown to let gpuprov back in"]
+        return [*others, "the host does not show the address gpuprov connects from ($SSH_CONNECTION), so the "
+                         "firewall cannot be shown to let gpuprov back in"]
     address, port = controller["address"], controller["port"]
     if reaches(list(policy.rules), address, "tcp", port):
-        return []
+        return others
     ssh = [rule for rule in policy.rules if rule.comment == "ssh" and rule.port == port]
     sources = ", ".join(str(n) for rule in ssh for n in rule.sources or ()) or "none"
-    return [f"the firewall would drop SSH from {address}, the address this host sees gpuprov connect from, to port "
-            f"{port} (SSH sources: {sources}; cluster: "
-            f"{', '.join(str(n) for r in policy.rules if r.comment == 'cluster' for n in r.sources or ()) or 'none'})"]
+    cluster = ", ".join(str(n) for r in policy.rules if r.comment == "cluster" for n in r.sources or ()) or "none"
+    return [*others, f"the firewall would drop SSH from {address}, the address this host sees gpuprov connect from, "
+                     f"to port {port} (SSH sources: {sources}; cluster: {cluster})"]

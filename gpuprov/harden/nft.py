@@ -2,19 +2,25 @@
 persisted by a boot unit; nothing when the file, the live table and the unit already are what the inventory says.
 
 The live table is compared with the listing `nft list table` gave right after gpuprov loaded the file
-(firewall.LISTING): any change to the live table since, or to the file, shows."""
+(firewall.LISTING): any change to the live table since, or to the file, shows.
+
+nftables is installed by a change of its own, before the guard is armed (apt may wait minutes for its lock; the
+revert window must not). With the ruleset comes a drop-in for the boot unit: it does not load the ruleset while the
+harden run that wrote it is undecided (gpuprov-harden-boot-revert.service puts the previous one back first)."""
 
 from __future__ import annotations
 
 import shlex
 
 from gpuprov.harden.firewall import LISTING, RULESET, TABLE, UNIT, UNIT_FILE, unit_file
+from gpuprov.harden.guard import BOOT_UNIT, GUARD_DIR
 from gpuprov.ops.base import Change, unified_diff, write_file
 from gpuprov.ops.pkg import for_family
 
 WANTS_LINK = f"/etc/systemd/system/multi-user.target.wants/{UNIT}"
 FILES = (RULESET, LISTING, UNIT_FILE)
-GUARDED_FILES = (*FILES, WANTS_LINK)   # what the guard puts back
+GUARD_DROPIN = f"{UNIT_FILE}.d/10-gpuprov-guard.conf"
+GUARDED_FILES = (*FILES, WANTS_LINK, GUARD_DROPIN)   # what the guard puts back
 q = shlex.quote
 
 
@@ -36,18 +42,30 @@ def state(facts: dict, ruleset: str) -> dict[str, str]:
     return found
 
 
+def guard_dropin() -> str:
+    """The boot unit's drop-in: no ruleset is loaded while a harden run's guard is armed (undecided)."""
+    return ("# Managed by gpuprov (invoke harden): a ruleset whose harden run is undecided is not loaded at boot;\n"
+            f"# {BOOT_UNIT} puts the previous one back first.\n"
+            f"[Unit]\nAfter={BOOT_UNIT}\nConditionPathExistsGlob=!{GUARD_DIR}/*/armed\n"
+            f"ConditionPathExists={RULESET}\n")
+
+
+def install(facts: dict) -> Change | None:
+    """Install nftables when the host lacks it (a plain step, before the guard is armed); None when present."""
+    if facts.get("nft"):
+        return None
+    pm = for_family((facts.get("os") or {}).get("family") or "debian")
+    return Change("packages", "install nftables (before the guarded changes: apt may wait for its lock, the "
+                  "host's revert window does not)", (pm.update(), pm.install_names(["nftables"])))
+
+
 def change(facts: dict, ruleset: str, summary: str) -> Change | None:
     """Check, load and persist the ruleset (None when in state)."""
     differs = state(facts, ruleset)
     if not differs:
         return None
     candidate = f"{RULESET}.gpuprov-new"
-    commands = []
-    if not facts.get("nft"):
-        family = (facts.get("os") or {}).get("family") or "debian"
-        pm = for_family(family)
-        commands += [pm.update(), pm.install_names(["nftables"])]
-    commands += [
+    commands = [
         f"mkdir -p {q(RULESET.rsplit('/', 1)[0])} {q(LISTING.rsplit('/', 1)[0])}",
         write_file(candidate, ruleset, "0600"),
         f"if ! out=$(nft -c -f {q(candidate)} 2>&1); then echo \"nft -c rejected the ruleset: $out\" >&2; "
@@ -57,7 +75,8 @@ def change(facts: dict, ruleset: str, summary: str) -> Change | None:
         f"nft list table {TABLE} > {q(LISTING)}",
     ]
     if facts.get("systemd"):
-        commands += [write_file(UNIT_FILE, unit_file()), "systemctl daemon-reload", f"systemctl enable {UNIT}"]
+        commands += [write_file(UNIT_FILE, unit_file()), write_file(GUARD_DROPIN, guard_dropin()),
+                     "systemctl daemon-reload", f"systemctl enable {UNIT}"]
     current = (facts.get("files") or {}).get(RULESET)
     why = "; ".join(differs.values())
     return Change("firewall", f"{summary} ({why})", tuple(commands), diff=unified_diff(RULESET, current, ruleset))

@@ -44,6 +44,8 @@ def print_hosts(runs: list[dict], dry_run: bool, confirm_timeout: int) -> None:
             out.print(styled(f"{host}: {guard['result']}:", style), styled(guard["detail"]))
             for line in (guard.get("log") or "").splitlines():
                 out.print(f"    {literal(line)}")
+            if guard.get("hint"):
+                out.print(f"  hint: {literal(guard['hint'])}")
         if not dry_run or not run.get("plan"):
             continue
         print_plan(run["host"], run["plan"])

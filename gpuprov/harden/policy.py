@@ -1,5 +1,6 @@
 """A host's hardening policy: its inventory variables (ssh_hardening, firewall, cluster_cidrs, monitoring_cidrs,
-service_ports) read against its facts (the ports sshd listens on, the algorithms its OpenSSH supports)."""
+service_ports) read against its facts (the ports sshd listens on, the algorithms its OpenSSH supports, Docker's
+bridges)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ class HardenPolicy:
     algorithms: tuple[AlgorithmChoice, ...]
     rules: tuple[Rule, ...]
     ssh_ports: tuple[int, ...]
+    docker_bridges: tuple[str, ...] = ()    # left to Docker by the published-ports chain (firewall.render)
 
     def algorithm(self, kind: str) -> AlgorithmChoice:
         return next(choice for choice in self.algorithms if choice.kind == kind)
@@ -79,4 +81,5 @@ def build_policy(variables: dict, facts: dict) -> HardenPolicy:
     algorithms = tuple(choose(kind, settings.get(kind), supports.get(kind) or [n for n in current[kind] if n])
                        for kind in KINDS)
     ports = ssh_ports(facts)
-    return HardenPolicy(SshPolicy.from_vars(settings), algorithms, tuple(build_rules(variables, list(ports))), ports)
+    return HardenPolicy(SshPolicy.from_vars(settings), algorithms, tuple(build_rules(variables, list(ports))), ports,
+                        tuple(facts.get("docker_bridges") or ()))

@@ -15,7 +15,7 @@ AREAS = ("firewall", "ssh", "updates", "system")
 APPLIED_AREAS = ("firewall", "ssh", "updates")
 OPERATORS = ("equals", "one_of", "subset_of", "contains_all", "contains")
 PROBES = ("sshd", "firewall", "apt_config", "package", "unit", "sysctl", "mount_options", "security_origin")
-FIREWALL_ASPECTS = ("live", "persisted", "input_policy", "output_policy", "published_guard")
+FIREWALL_ASPECTS = ("live", "persisted", "input_policy", "output_policy", "published_guard", "others")
 _ID = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 _KEYS = ("id", "area", "description", "check", "expected", "when", "waiver")
 

@@ -1,9 +1,12 @@
 """Harden one host: facts, policy, plan, lockout refusals, then the guarded apply, its verification on the effective
-configuration and the confirmation over a new connection; or, with --check, the audit alone."""
+configuration and the confirmation over a new connection; or, with --check, the audit alone. A run that would change
+the host is refused while another run's guard is undecided there (named in the error)."""
 
 from __future__ import annotations
 
+import getpass
 import secrets
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -11,8 +14,8 @@ from dataclasses import dataclass, field
 from gpuprov.errors import GpuprovError
 from gpuprov.harden import firewall, lockout, nft, sshd, updates
 from gpuprov.harden.audit import audit
-from gpuprov.harden.confirm import GuardOutcome, confirm, revert_now
-from gpuprov.harden.guard import Guard
+from gpuprov.harden.confirm import BY_HOST, GuardOutcome, confirm, revert_now
+from gpuprov.harden.guard import MARK, Guard, undecided_script
 from gpuprov.harden.policy import HardenPolicy, build_policy
 
 COMPONENTS = ("firewall", "ssh", "updates")
@@ -36,7 +39,7 @@ class HardenRun:
     """Everything that happened on one host, for the table and the JSON report."""
 
     host: str
-    status: str = "unchanged"   # unchanged | planned | changed | checked | refused | rolled back | failed
+    status: str = "unchanged"   # unchanged | planned | changed | checked | refused | rolled back | unknown | failed
     controller: dict | None = None
     refusals: list[str] = field(default_factory=list)
     overridden: list[str] = field(default_factory=list)
@@ -64,6 +67,7 @@ def plan_changes(policy: HardenPolicy, facts: dict, ruleset: str, only: frozense
     if "ssh" in only:
         planned.append(sshd.change(policy, facts))
     if "firewall" in only:
+        planned.append(nft.install(facts))
         rules = ", ".join(r.comment if r.port is None or r.comment.startswith("allow") else
                           f"{r.comment} {r.port}/{r.proto}" for r in policy.rules)
         planned.append(nft.change(facts, ruleset, f"load gpuprov's nftables table: inbound default drop, allow "
@@ -89,11 +93,13 @@ def harden_host(conn, host, options: HardenOptions, say: Callable[[str, str], No
 
     run = HardenRun(host.name)
     try:
+        if not (options.check or options.dry_run):
+            _refuse_if_undecided(conn)
         say(host.name, "facts")
         facts = run.facts_before = run.facts_after = gather(conn, MANAGED_FILES)
         run.controller = facts.get("controller")
         policy = build_policy(host.vars, facts)
-        ruleset = firewall.render(list(policy.rules))
+        ruleset = firewall.render(list(policy.rules), policy.docker_bridges)
         if options.check:
             run.controls = [r.to_dict() for r in audit(facts, policy, ruleset, options.only)]
             run.status = "checked"
@@ -118,6 +124,17 @@ def harden_host(conn, host, options: HardenOptions, say: Callable[[str, str], No
         raise
 
 
+def _refuse_if_undecided(conn) -> None:
+    """Refuse to start while another harden run's guard is armed on the host, naming that run."""
+    result = conn.run("sh -s", sudo=True, stdin=undecided_script())
+    owners = [line[len(MARK) + len("busy "):] for line in result.stdout.splitlines() if line.startswith(MARK + "busy")]
+    if owners:
+        raise GpuprovError(f"another harden run's guard is still undecided on this host: {'; '.join(owners)}",
+                           host=conn.host.name, step="guard",
+                           hint="wait for that run: it confirms, or the host reverts it within its --confirm-timeout "
+                                "(or at the host's next boot); then rerun harden")
+
+
 def _apply(conn, run: HardenRun, changes: list, policy: HardenPolicy, ruleset: str, options: HardenOptions) -> None:
     """Apply behind the guard, verify on the facts gathered with the batch, then confirm or revert."""
     from gpuprov.apply import apply_changes
@@ -125,8 +142,8 @@ def _apply(conn, run: HardenRun, changes: list, policy: HardenPolicy, ruleset: s
 
     guarded = sorted((c for c in changes if c.component in GUARDED), key=lambda c: GUARDED.index(c.component))
     plain = [c for c in changes if c.component not in GUARDED]
-    guard = _guard(guarded, options.confirm_timeout)
-    batch = plain + ([guard.arm(), *guarded] if guard else [])
+    guard = _guard(guarded, options.confirm_timeout, run.controller)
+    batch = plain + ([guard.arm(), *(guard.guarded(c) for c in guarded)] if guard else [])
     armed_before = time.monotonic()
     try:
         steps, run.facts_after = apply_changes(conn, batch, task="harden",
@@ -135,7 +152,7 @@ def _apply(conn, run: HardenRun, changes: list, policy: HardenPolicy, ruleset: s
         run.steps = getattr(exc, "steps", [])
         if guard and any(step.component == "guard" and step.status == "done" for step in run.steps):
             run.guard = revert_now(conn, guard, armed_before, f"a step failed: {exc.message.splitlines()[0]}")
-            exc.hint = (exc.hint or "") + "; the host's previous firewall and sshd configuration were put back"
+            exc.hint = (exc.hint or "") + _after_revert(run.guard)
         raise
     run.steps, run.status = steps, "changed"
     areas = {c.component for c in guarded}
@@ -147,7 +164,7 @@ def _apply(conn, run: HardenRun, changes: list, policy: HardenPolicy, ruleset: s
     elif guard:
         run.guard = confirm(conn, guard, armed_before)
     if run.guard and run.guard.rolled_back:
-        run.status = "rolled back"
+        run.status = "unknown" if run.guard.result == "unknown" else "rolled back"
         from gpuprov.harden.facts import gather
 
         fresh = conn.fresh()
@@ -169,7 +186,25 @@ def _earlier_dropins(facts: dict, wrong: list[str]) -> str:
             if earlier else f" (/etc/ssh/sshd_config must Include {sshd.DROPIN_DIR}/*.conf before its own settings)")
 
 
-def _guard(guarded: list, seconds: int) -> Guard | None:
+def _after_revert(outcome: GuardOutcome) -> str:
+    """What the hint of a failed guarded batch adds: whether the previous configuration is back."""
+    if outcome.result == "unknown":
+        return f"; whether the previous firewall and sshd configuration are back is unknown: {outcome.hint}"
+    slow = ("; the host reverted by itself before the batch ended (a --confirm-timeout shorter than the guarded steps "
+            "take, or a reboot)" if outcome.result == BY_HOST else "")
+    return "; the host's previous firewall and sshd configuration were put back" + slow
+
+
+def _operator() -> str:
+    """user@host of the controller, as far as it knows."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _guard(guarded: list, seconds: int, controller: dict | None = None) -> Guard | None:
     """The revert that protects the guarded changes (None when there are none)."""
     if not guarded:
         return None
@@ -178,4 +213,5 @@ def _guard(guarded: list, seconds: int) -> Guard | None:
     reload = (("systemctl daemon-reload >/dev/null 2>&1 || true",) if "firewall" in parts else ()) + (
         (sshd.RELOAD_SSHD,) if "ssh" in parts else ())
     run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(4)
-    return Guard(run_id, seconds, files, "firewall" in parts, reload)
+    owner = f"run {run_id} from controller {(controller or {}).get('address') or 'unknown'} ({_operator()})"
+    return Guard(run_id, seconds, files, "firewall" in parts, reload, owner=owner)

@@ -11,6 +11,7 @@ from typing import Any
 
 from gpuprov.errors import literal
 from gpuprov.images.model import PURPOSES, Healthcheck, User
+from gpuprov.inventory.checks import MAX_SECONDS, NotRegular, duration_problem, private_key_problem, read_regular
 from gpuprov.inventory.diagnostics import show, suggest, type_name
 from gpuprov.inventory.levels import INVALID, known_keys
 from gpuprov.inventory.located import Located
@@ -25,8 +26,10 @@ PIP_VERSION = re.compile(r"[0-9]+(?:\.[0-9]+)*(?:(?:a|b|rc)[0-9]+)?(?:\.post[0-9
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 DURATION = re.compile(r"[0-9]+[smh]")
+UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600}
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 MAX_NAME = 64
+MAX_CA_BYTES = 1024 * 1024
 MAX_ID = 2**31 - 1
 HEALTHCHECK_KEYS = ("test", "interval", "timeout", "start_period", "retries")
 USER_KEYS = ("name", "uid", "gid")
@@ -236,10 +239,13 @@ def healthcheck(doc: Located, value: Any, path: tuple) -> Any:
     for key in ("interval", "timeout", "start_period"):
         if key in value:
             item = value[key]
-            if isinstance(item, str) and DURATION.fullmatch(item):
+            low = 0 if key == "start_period" else 1
+            if isinstance(item, str) and DURATION.fullmatch(item) and duration_problem(
+                    int(item[:-1]) * UNIT_SECONDS[item[-1]], low) is None:
                 options[key] = item
             else:
-                doc.error((*path, key), f"bad duration {show(item)}: a whole number of s, m or h, like 30s")
+                doc.error((*path, key), f"bad duration {show(item)}: a whole number of s, m or h, like 30s, from "
+                                        f"{low}s to {MAX_SECONDS // 3600}h")
                 ok = False
     if "retries" in value:
         retries = value["retries"]
@@ -270,22 +276,28 @@ def digest(doc: Located, value: Any, path: tuple) -> Any:
 
 
 def ca_file(doc: Located, value: Any, path: tuple, folder: Path) -> Any:
-    """An extra CA certificate (PEM), relative to the spec's folder."""
+    """An extra CA certificate (PEM), relative to the spec's folder: a regular file of at most MAX_CA_BYTES
+    with a certificate and no private key (it is copied into the image)."""
     if not isinstance(value, str) or not value.strip() or literal(value) != value:
         doc.error(path, f"ca_file must be the path of a PEM certificate, not {_what(value)}")
         return INVALID
     resolved = Path(value).expanduser()
     resolved = resolved if resolved.is_absolute() else folder / resolved
     try:
-        data = resolved.read_bytes() if resolved.is_file() else None
+        data = read_regular(resolved, MAX_CA_BYTES)
+    except (FileNotFoundError, NotRegular) as exc:
+        why = exc.reason if isinstance(exc, NotRegular) else "is not a file"
+        doc.error(path, f"ca_file {resolved} {why} (relative paths are relative to the spec's folder)")
+        return INVALID
     except OSError as exc:
         doc.error(path, f"ca_file {resolved} cannot be read: {exc.strerror}")
         return INVALID
-    if data is None:
-        doc.error(path, f"ca_file {resolved} is not a file (relative paths are relative to the spec's folder)")
-        return INVALID
     if b"-----BEGIN CERTIFICATE-----" not in data:
         doc.error(path, f"ca_file {resolved} holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
+        return INVALID
+    problem = private_key_problem(data)
+    if problem:
+        doc.error(path, f"ca_file {resolved} {problem}")
         return INVALID
     return resolved
 

@@ -6,8 +6,8 @@ image's CUDA natively, from the resolver's data). A CPU image has no cuda, nccl 
 
 Given at build time (they change with the commit, and would change the context): the OCI `created` (the commit's
 time, or SOURCE_DATE_EPOCH, so that a rebuild of the same commit is the same), `revision` (the commit, `-dirty`
-when the work tree has changes), `source` (the origin remote, without credentials) and `io.gpuprov.context-hash`,
-the content hash of the rendered context that `images.build --changed-only` compares.
+when the work tree has changes), `source` (the origin remote, without login, query or fragment) and
+`io.gpuprov.context-hash`, the content hash of the rendered context that `images.build --changed-only` compares.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from __future__ import annotations
 import datetime
 import hashlib
 import os
-import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from gpuprov.images import PROJECT
 from gpuprov.images.model import Image
@@ -27,7 +27,6 @@ OCI = "org.opencontainers.image."
 GPUPROV = "io.gpuprov."
 CONTEXT_HASH = GPUPROV + "context-hash"
 MIN_DRIVER = GPUPROV + "min-driver"
-_URL_LOGIN = re.compile(r"(?<=://)[^/@\s]+@")
 
 
 @dataclass(frozen=True)
@@ -74,7 +73,24 @@ def provenance(root: Path = PROJECT) -> Provenance:
         created = datetime.datetime.fromtimestamp(int(stamp), datetime.UTC) if stamp and stamp.isdigit() else None
     source = _git(root, "remote", "get-url", "origin")
     return Provenance(revision=revision, created=created.strftime("%Y-%m-%dT%H:%M:%SZ") if created else None,
-                      source=_URL_LOGIN.sub("", source) if source else None)
+                      source=public_source(source) if source else None)
+
+
+def public_source(remote: str) -> str | None:
+    """The origin remote as the `source` label shows it: a URL with the host and port the URL parser finds, without
+    user, password, query and fragment (so no part of a login survives, even one with an unescaped `@`), None
+    when it cannot be parsed; an scp-like remote (`git@host:org/repo.git`) as `host:org/repo.git`."""
+    try:
+        parts = urlsplit(remote)
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError:  # a bad port or IPv6 literal
+        return None
+    if not parts.netloc:
+        login, at, rest = remote.rpartition("@")
+        return rest if at and ":" in rest and "/" not in login else remote
+    if not parts.hostname:
+        return None
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
 
 
 def context_hash(folder: Path) -> str:

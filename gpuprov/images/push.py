@@ -2,8 +2,8 @@
 
 Credentials never travel on a command line and are never printed: GPUPROV_REGISTRY_USER and
 GPUPROV_REGISTRY_PASSWORD, when set, go to the engine in the SDK's X-Registry-Auth header; otherwise the SDK uses
-what `docker login` stored (~/.docker/config.json and its credential helpers). Every message that could carry the
-password has it replaced by *** (and URL credentials masked, gpuprov.errors.mask_credentials).
+what `docker login` stored (~/.docker/config.json and its credential helpers). The password is registered with
+gpuprov.secrets, so that every message, report and JSON output has it replaced by ***.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from gpuprov.errors import GpuprovError, InputError
+from gpuprov.secrets import mask, register
 
 USER_ENV = "GPUPROV_REGISTRY_USER"
 PASSWORD_ENV = "GPUPROV_REGISTRY_PASSWORD"
@@ -44,14 +45,8 @@ def registry_auth(environ: Mapping[str, str] = os.environ) -> dict | None:
     if not (user and password):
         raise InputError(f"set both {USER_ENV} and {PASSWORD_ENV}, or neither (then `docker login` applies)",
                          step="images.push")
+    register(password)
     return {"username": user, "password": password}
-
-
-def _masked(text: str, auth: dict | None) -> str:
-    from gpuprov.connection import mask
-    from gpuprov.errors import mask_credentials
-
-    return mask_credentials(mask(text, [auth["password"]] if auth else []))
 
 
 def push_image(api, reference: str, *, auth: dict | None = None,
@@ -61,6 +56,7 @@ def push_image(api, reference: str, *, auth: dict | None = None,
     import docker.errors
     from docker.utils import parse_repository_tag
 
+    register((auth or {}).get("password"))
     repository, tag = parse_repository_tag(reference)
     started = time.monotonic()
     layers: dict[str, str] = {}
@@ -69,7 +65,7 @@ def push_image(api, reference: str, *, auth: dict | None = None,
         for item in api.push(repository, tag=tag or "latest", stream=True, decode=True, auth_config=auth):
             if "error" in item or "errorDetail" in item:
                 message = str((item.get("errorDetail") or {}).get("message") or item.get("error"))
-                raise GpuprovError(f"push of {reference} failed: {_masked(message, auth)}", step="images.push",
+                raise GpuprovError(f"push of {reference} failed: {mask(message)}", step="images.push",
                                    hint="check the registry address, that it answers, and the credentials "
                                         f"({USER_ENV}/{PASSWORD_ENV} or docker login)")
             status, layer = str(item.get("status", "")), item.get("id")
@@ -80,7 +76,7 @@ def push_image(api, reference: str, *, auth: dict | None = None,
             if isinstance(aux, dict) and aux.get("Digest"):
                 digest, size = str(aux["Digest"]), aux.get("Size")
     except docker.errors.APIError as exc:
-        raise GpuprovError(f"push of {reference} failed: {_masked(str(exc.explanation or exc), auth)}",
+        raise GpuprovError(f"push of {reference} failed: {mask(str(exc.explanation or exc))}",
                            step="images.push", hint="is the image built and tagged? (invoke images.build)") from None
     if digest is None:
         raise GpuprovError(f"push of {reference} ended without a digest from the registry", step="images.push")

@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuprov import images as paths
+from gpuprov.errors import InputError, literal
 from gpuprov.images.blocks import ContextFiles, render_dockerfile
 from gpuprov.images.labels import context_hash, image_labels
 from gpuprov.images.model import Image
+from gpuprov.inventory.checks import output_file_problem
 from gpuprov.json_text import dump_json
 
 SMOKE_SOURCE = paths.PROJECT / "gpuprov" / "smoke"
@@ -57,6 +59,10 @@ def render(image: Image, output: Path | None = None, templates: Path | None = No
     output = Path(output or paths.OUTPUT)
     templates = Path(templates or paths.TEMPLATES)
     wheelhouse = Path(wheelhouse or paths.WHEELHOUSE)
+    problem = output_file_problem(output / f"{image.id}.json")
+    if problem:  # checked before anything is written: a file where a folder goes, or a folder where a file does
+        raise InputError(f"the images build folder: {literal(problem)}", step="images.render",
+                         hint=f"move what is in the way under {literal(str(output))}")
     output.mkdir(parents=True, exist_ok=True)
     folder = output / image.id
     work = output / f".{image.id}.tmp-{os.getpid()}"

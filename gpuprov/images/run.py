@@ -71,9 +71,11 @@ def run_vars(host) -> RunVars:
     if unknown:
         raise _bad(host, "images", f"unknown key(s) {', '.join(unknown)}; known: {', '.join(IMAGES_KEYS)}")
     from gpuprov.images.tags import REGISTRY
+    from gpuprov.inventory.checks import registry_port_problem
 
     registry = raw.get("registry")
-    if registry is not None and (not isinstance(registry, str) or not REGISTRY.fullmatch(registry)):
+    if registry is not None and (not isinstance(registry, str) or not REGISTRY.fullmatch(registry)
+                                 or registry_port_problem(registry)):
         raise _bad(host, "images.registry", f"must be a registry address like host:5000, not {registry!r}")
     shm = raw.get("shm_size")
     if shm is not None and (not isinstance(shm, str) or not _SHM.fullmatch(shm)):

@@ -27,6 +27,7 @@ raised together as one SpecError (exit 2). The keys:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from gpuprov.images import fields
 from gpuprov.images.matrix import Entry, expand
 from gpuprov.images.model import BASE_KINDS, Base, Image
 from gpuprov.images.versions import Problem, cuda, local, ngc
+from gpuprov.inventory.checks import NotRegular, read_regular
 from gpuprov.inventory.diagnostics import FILE_KEY, problem_line, show, type_name
 from gpuprov.inventory.levels import INVALID, known_keys
 from gpuprov.inventory.located import Located, YamlTextError, compose, decode
@@ -50,6 +52,7 @@ ALL_BASE_KEYS = tuple(dict.fromkeys(key for keys in BASE_KEYS.values() for key i
 CUDA_BASE_PYTHON = ("python3", "python3-venv")
 ARTICLE = {"ngc": "an NGC", "cuda": "a CUDA", "local": "a local"}
 MAX_BYTES = 1024 * 1024
+FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,120}\.yaml")
 STATIC = {"name": fields.name, "purpose": fields.purpose, "description": fields.description, "gpus": fields.gpus,
           "apt": fields.apt, "pip": fields.pip, "user": fields.user, "env": fields.env, "ports": fields.ports,
           "healthcheck": fields.healthcheck, "command": fields.command}
@@ -91,12 +94,16 @@ def load_specs(folder: Path | None = None) -> list[Image]:
 
 
 def load_spec(path: Path) -> list[Image]:
-    """The images of one spec file; InputError when it cannot be read, SpecError when it is bad."""
+    """The images of one spec file; InputError when it cannot be read, SpecError when it is bad (its name
+    included: the spec's path is written into the rendered Dockerfile, so it is a plain file name)."""
     path = Path(path)
+    if not FILE_NAME.fullmatch(path.name):
+        raise SpecError([problem_line(path, 1, 1, FILE_KEY, f"bad spec file name {show(path.name)}: letters, "
+                                                            "digits, '_', '.' and '-', ending in .yaml")])
     try:
-        if path.stat().st_size > MAX_BYTES:
-            raise SpecError([problem_line(path, 1, 1, FILE_KEY, f"the file is larger than {MAX_BYTES} bytes")])
-        data = path.read_bytes()
+        data = read_regular(path, MAX_BYTES)
+    except NotRegular as exc:
+        raise SpecError([problem_line(path, 1, 1, FILE_KEY, f"the file {exc.reason}")]) from None
     except OSError as exc:
         raise InputError(f"cannot read image spec {literal(str(path))}: {exc.strerror}", step="images") from None
     return read_spec(path, data)

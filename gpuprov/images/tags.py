@@ -21,6 +21,11 @@ def check_registry(registry: str | None) -> str | None:
     if not REGISTRY.fullmatch(text):
         raise InputError(f"--registry must be a registry host with an optional port and path, such as "
                          f"127.0.0.1:5000 or registry.example.com/team, not {registry!r}", step="images")
+    from gpuprov.inventory.checks import registry_port_problem
+
+    problem = registry_port_problem(text)
+    if problem:
+        raise InputError(f"--registry {text!r}: {problem}", step="images")
     return text
 
 

@@ -8,18 +8,21 @@ The modules, one job each:
     ansible      Ansible's YAML form (all: / children: / hosts: / vars:); patterns: its host ranges
     ini          Ansible's INI form, turned into the YAML form's document
     settings     connection settings (address, port, user, identity_file, jump, sudo) and local paths
+    checks       one checker per kind of value (address, CIDR, port, number, duration, URL, path, input file)
     schema       the validated variables (hardware, stack, mirror, firewall, container_engine)
     hardening    the hardening variables (cluster_cidrs, monitoring_cidrs, service_ports, ssh_hardening)
     merge        group cycles, precedence, each host's merged settings and variables, jump checks
 
-Size guards, each checked before what it protects is read: the file's size (MAX_BYTES, before reading it),
+The file is read only when it is a regular file (checked on the opened file: a pipe or /dev/zero is refused, not
+read). Size guards, each checked before what it protects is read: the file's size (MAX_BYTES, before reading it),
 the nesting depth (located.MAX_DEPTH, on the parser's events before any tree is built), what aliases add
 (located.MAX_ALIAS_VALUES) and what host ranges add (patterns.MAX_RANGE_HOSTS, counted before expanding).
 
 A file is read as INI when its name ends in `.ini` or its first line that is not blank or a comment is a
 section header (`[gpus]`); as Ansible YAML when its top level has `all:`; else as the native format.
 Paths (known_hosts, identity_file, mirror key_file and ca_file) expand `~`; relative paths are relative to
-the inventory's folder; identity_file and ca_file must be regular files. Every problem found is collected,
+the inventory's folder; identity_file and ca_file must be regular files, and ca_file and key_file (copied to
+hosts) hold no private key. Every problem found is collected,
 each as `FILE:LINE:COL: key path: message`, and raised together as one InventoryError.
 """
 
@@ -30,8 +33,9 @@ import gc
 from collections.abc import Iterator
 from pathlib import Path
 
-from gpuprov.errors import InputError
+from gpuprov.errors import InputError, literal
 from gpuprov.inventory.ansible import read_ansible
+from gpuprov.inventory.checks import NotRegular, read_regular
 from gpuprov.inventory.diagnostics import FILE_KEY, InventoryError, problem_line, type_name
 from gpuprov.inventory.ini import looks_like_ini, read_ini
 from gpuprov.inventory.located import Located, YamlTextError, compose, decode
@@ -47,21 +51,24 @@ MAX_BYTES = 32 * 1024 * 1024
 def load_inventory(path: str | Path) -> Inventory:
     """Load and validate an inventory file; InputError if it is missing, InventoryError if it is bad."""
     path = Path(path)
-    if not path.exists():
-        raise InputError(f"inventory {path} not found", step="inventory",
-                         hint="give --inventory PATH or set gpuprov.inventory in invoke.yaml "
-                              "(inventories/example.yaml shows the format)")
-    if not path.is_file():
-        raise InputError(f"inventory {path} is not a file", step="inventory", hint="give --inventory PATH")
+    if "\0" in str(path):
+        raise InputError(f"inventory {literal(repr(str(path)))}: a path cannot hold a NUL character", step="inventory",
+                         hint="give --inventory PATH")
     try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:  # before reading a byte of it
-            too_big = (f"the file has {size} bytes; gpuprov reads inventories of up to {MAX_BYTES} bytes "
+        data = read_regular(path, MAX_BYTES)  # a pipe, a device or a file over the bound: not a byte read
+    except FileNotFoundError:
+        raise InputError(f"inventory {literal(str(path))} not found", step="inventory",
+                         hint="give --inventory PATH or set gpuprov.inventory in invoke.yaml "
+                              "(inventories/example.yaml shows the format)") from None
+    except NotRegular as exc:
+        if exc.size is not None:
+            too_big = (f"the file has {exc.size} bytes; gpuprov reads inventories of up to {MAX_BYTES} bytes "
                        f"({MAX_BYTES // 2**20} MiB)")
-            raise InventoryError(path, [problem_line(path, 1, 1, FILE_KEY, too_big)])
-        data = path.read_bytes()
+            raise InventoryError(path, [problem_line(path, 1, 1, FILE_KEY, too_big)]) from None
+        raise InputError(f"inventory {literal(str(path))} {exc.reason}", step="inventory",
+                         hint="give --inventory PATH of a regular file") from None
     except OSError as exc:
-        raise InputError(f"cannot read inventory {path}: {exc.strerror}", step="inventory",
+        raise InputError(f"cannot read inventory {literal(str(path))}: {exc.strerror}", step="inventory",
                          hint="check the file's permissions") from None
     with _collector_paused():
         return read_inventory(path, data)

@@ -12,6 +12,8 @@ from gpuprov.inventory.diagnostics import show, suggest, type_name
 from gpuprov.inventory.located import Located
 
 HOST_NAME = re.compile(r"[A-Za-z0-9_.:][A-Za-z0-9_.:-]{0,252}")
+# a file name holds 255 bytes (NAME_MAX); a host's lock file is NAME.lock.yaml
+MAX_HOST_NAME = 255 - len(".lock.yaml")
 GROUP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
 
@@ -86,7 +88,12 @@ def name_list(doc: Located, value: Any, path: tuple) -> list[tuple[str, tuple]]:
 def host_name_ok(doc: Located, name: Any, path: tuple, ranges_hint: bool = True) -> bool:
     """Whether `name` can be a host name; an error at its key when it cannot."""
     if isinstance(name, str) and HOST_NAME.fullmatch(name):
-        return True
+        if len(name) <= MAX_HOST_NAME:
+            return True
+        doc.error(path, f"host name of {len(name)} characters: gpuprov names files after hosts "
+                        f"(locks/NAME.lock.yaml), which allows up to {MAX_HOST_NAME}; give a shorter name and the "
+                        "long one as address:", at_key=True)
+        return False
     hint = ("; host ranges like [01:04] are expanded in Ansible inventories only: list each host"
             if ranges_hint and isinstance(name, str) and re.search(r"\[[^\]]*:[^\]]*\]", name) else "")
     doc.error(path, f"bad host name {show(name)}: use letters, digits, '.', '_', ':' and '-'{hint}", at_key=True)

@@ -61,7 +61,7 @@ def compose(text: str) -> yaml.Node | None:
         _check_depth(text)
         return yaml.compose(text, Loader=_LOADER)
     except yaml.MarkedYAMLError as exc:
-        raise _syntax_error(exc) from None
+        raise _syntax_error(exc, text) from None
     except yaml.YAMLError as exc:
         raise YamlTextError(1, 1, f"YAML error: {exc}") from None
 
@@ -80,10 +80,16 @@ def _check_depth(text: str) -> None:
             depth -= 1
 
 
-def _syntax_error(exc: yaml.MarkedYAMLError) -> YamlTextError:
-    """Where the parser noticed the problem, and where the construct it was reading began (an unclosed `[`)."""
+def _syntax_error(exc: yaml.MarkedYAMLError, text: str) -> YamlTextError:
+    """Where the parser noticed the problem, and where the construct it was reading began (an unclosed `[`).
+    A tab where YAML wants indentation is named as a tab (the parser only says it "cannot start any token")."""
     noticed, began = exc.problem_mark or exc.context_mark, exc.context_mark
     line, col = (noticed.line + 1, noticed.column + 1) if noticed else (1, 1)
+    rows = text.split("\n", line) if noticed else []
+    row = rows[line - 1] if len(rows) >= line else ""  # the parser may stop past the last line
+    if row[col - 1:col] == "\t":
+        return YamlTextError(line, col, "YAML syntax error: a tab character; YAML indents with spaces, not tabs: "
+                                        "replace the tab with spaces")
     message = f"YAML syntax error: {exc.problem or 'bad YAML'}"
     if exc.context and began is not None and (began.line + 1, began.column + 1) != (line, col):
         message += f" ({exc.context} that began at line {began.line + 1}, column {began.column + 1})"

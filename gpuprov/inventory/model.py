@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpuprov.errors import InputError
+from gpuprov.inventory.checks import ip_address
 from gpuprov.inventory.diagnostics import suggest
 
 USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
@@ -156,15 +156,13 @@ def parse_jump(text: str) -> tuple[str, str, int]:
     return user, address, port
 
 
-def is_valid_address(text: str) -> bool:
-    """An IP address or an RFC 1123 host name (no spaces, no shell metacharacters)."""
+def is_valid_address(text: str, zone: bool = True) -> bool:
+    """An IP address or an RFC 1123 host name (no spaces, no shell metacharacters). An IPv6 zone (`%eth0`) only
+    as an interface name, and only with `zone` (gpuprov.inventory.checks.ip_address)."""
     if not isinstance(text, str) or not text or len(text) > 253 or not text.isascii():
         return False
-    try:
-        ipaddress.ip_address(text)
+    if ip_address(text, zone=zone) is not None:
         return True
-    except ValueError:
-        pass
     labels = text[:-1].split(".") if text.endswith(".") else text.split(".")
     # an all-numeric last label is a mistyped IP address (10.0.0.256), not a host name (RFC 3696 2)
     return all(_HOSTNAME_LABEL.fullmatch(label) for label in labels) and not labels[-1].isdigit()

@@ -9,26 +9,25 @@ A number is passed as it was written: `cuda: 12.10` is "12.10", not 12.1.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
+from gpuprov.inventory.checks import NotRegular, private_key_problem, read_regular, url_problem
+from gpuprov.inventory.checks import network as checked_network
 from gpuprov.inventory.diagnostics import show, suggest, type_name
 from gpuprov.inventory.hardening import HARDENING_VARS, HardeningVariables
 from gpuprov.inventory.levels import INVALID, as_mapping, known_keys
 from gpuprov.inventory.located import Located
-from gpuprov.inventory.model import is_valid_address
 from gpuprov.inventory.monitoring import MONITORING_VARS, MonitoringVariables
 from gpuprov.inventory.settings import local_path, port_number
 from gpuprov.stack.inputs import PinError, gpu_model, stack_pin
 
 KNOWN_VARS = ("hardware", "stack", "mirror", "firewall", "container_engine", *HARDENING_VARS, *MONITORING_VARS)
 CONTAINER_ENGINES = ("docker",)
+MAX_PUBLIC_BYTES = 1024 * 1024  # a CA bundle or an armored public key is far smaller
 _HEX40 = re.compile(r"[0-9A-Fa-f]{40}")
-_URL_FORBIDDEN = re.compile(r"[\s\"'`\\<>]")
 
 Check = Callable[[Any, tuple], Any]
 
@@ -79,8 +78,8 @@ class VariableSchema(HardeningVariables, MonitoringVariables):
     def mirror(self, value: Any, path: tuple) -> Any:
         return self.struct(value, path, "mirror", {
             "url": self.url, "proxy": self.url, "fingerprint": self.fingerprint,
-            "key_file": lambda v, p: local_path(self.doc, v, p, "key_file", self.base, must_exist=False) or INVALID,
-            "ca_file": lambda v, p: local_path(self.doc, v, p, "ca_file", self.base, must_exist=True) or INVALID,
+            "key_file": self.public_file("key_file", must_exist=False),
+            "ca_file": self.public_file("ca_file", must_exist=True),
             "label": self.release_label,
         }, required=("url",))
 
@@ -112,6 +111,27 @@ class VariableSchema(HardeningVariables, MonitoringVariables):
             except PinError as exc:
                 self.doc.error(path, str(exc))
                 return INVALID
+        return check
+
+    def public_file(self, what: str, must_exist: bool) -> Check:
+        """A local file gpuprov copies to hosts (the mirror's CA certificates, its signing key): a regular file
+        of at most MAX_PUBLIC_BYTES, with no private key in it."""
+        def check(value: Any, path: tuple) -> Any:
+            resolved = local_path(self.doc, value, path, what, self.base, must_exist=must_exist)
+            if resolved is None:
+                return INVALID
+            try:
+                problem = private_key_problem(read_regular(resolved, MAX_PUBLIC_BYTES))
+            except FileNotFoundError:
+                problem = None  # key_file may be written later (must_exist found a missing ca_file already)
+            except NotRegular as exc:
+                problem = exc.reason
+            except OSError as exc:
+                problem = f"cannot be read: {exc.strerror}"
+            if problem:
+                self.doc.error(path, f"{what} {resolved} {problem}")
+                return INVALID
+            return resolved
         return check
 
     def release_label(self, value: Any, path: tuple) -> Any:
@@ -156,15 +176,8 @@ class VariableSchema(HardeningVariables, MonitoringVariables):
         return INVALID
 
     def url(self, value: Any, path: tuple) -> Any:
-        if isinstance(value, str) and not _URL_FORBIDDEN.search(value):
-            try:
-                parts = urlsplit(value)
-                parts.port  # noqa: B018 - raises ValueError for a bad port
-                host = parts.hostname if parts.netloc else None
-            except ValueError:  # a bad port, or a bad IPv6 literal ("http://[fe80::1/")
-                parts, host = urlsplit(""), None
-            if parts.scheme in ("http", "https") and host and is_valid_address(host):
-                return value
+        if url_problem(value) is None:
+            return value
         self.doc.error(path, f"bad URL {show(value)}: give an http:// or https:// URL with a host name")
         return INVALID
 
@@ -181,7 +194,7 @@ class VariableSchema(HardeningVariables, MonitoringVariables):
             return INVALID
         out, ok = [], True
         for i, item in enumerate(value):
-            network, hint = _network(item)
+            network, hint = checked_network(item)
             if network is not None:
                 out.append(network)
                 continue
@@ -189,16 +202,3 @@ class VariableSchema(HardeningVariables, MonitoringVariables):
             ok = False
         return out if ok else INVALID
 
-
-def _network(item: Any) -> tuple[str | None, str]:
-    """(the network's text, "") for a CIDR; (None, a hint) otherwise."""
-    if not isinstance(item, str):
-        return None, ": give it as text like 10.0.0.0/8"
-    try:
-        return str(ipaddress.ip_network(item)), ""
-    except ValueError:
-        pass
-    try:
-        return None, f" (host bits set; did you mean {ipaddress.ip_network(item, strict=False)}?)"
-    except ValueError:
-        return None, ""

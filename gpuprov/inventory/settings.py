@@ -9,6 +9,7 @@ from collections.abc import Container
 from pathlib import Path
 from typing import Any
 
+from gpuprov.inventory.checks import port_problem
 from gpuprov.inventory.diagnostics import show, suggest, type_name
 from gpuprov.inventory.levels import INVALID, Level, as_mapping, known_keys
 from gpuprov.inventory.located import Located
@@ -97,7 +98,7 @@ class SettingChecks:
 
 def port_number(doc: Located, value: Any, path: tuple) -> Any:
     """A port: an integer from 1 to 65535 (text, even of ASCII digits, is refused: write the number)."""
-    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535:
+    if port_problem(value) is None:
         return value
     message = f"bad port {show(value)}: give an integer from 1 to 65535"
     if isinstance(value, str):

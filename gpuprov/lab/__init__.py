@@ -38,6 +38,7 @@ def up(hosts: int = 3, profiles: list[str] | None = None, *, paths: LabPaths | N
     from gpuprov.lab.labels import NETWORK
     from gpuprov.lab.mirror import ensure_mirror, mirror_vars
     from gpuprov.lab.profiles import assign_profiles
+    from gpuprov.lab.removal import remove_container
 
     paths = paths or LabPaths.default()
     chosen = assign_profiles(hosts, profiles)
@@ -56,7 +57,7 @@ def up(hosts: int = 3, profiles: list[str] | None = None, *, paths: LabPaths | N
     ensure_network(client, progress)
     if fresh:
         for container in lab_containers(client):
-            container.remove(force=True, v=True)
+            remove_container(container)
     mirror = ensure_mirror(NETWORK, paths=paths, client=client, image=image, progress=progress)
     timings["mirror_s"] = time.monotonic() - mark
     mark = time.monotonic()

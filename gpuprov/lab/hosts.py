@@ -28,6 +28,7 @@ from gpuprov.lab.labels import (
     ROLE_LABEL,
 )
 from gpuprov.lab.profiles import Profile
+from gpuprov.lab.removal import GONE_STATES, remove_container, remove_network
 from gpuprov.lab.state import LabHost, LabPaths, render_inventory
 
 PORT_LABEL = "gpuprov.lab.ssh-port"
@@ -72,6 +73,8 @@ def lab_containers(client) -> list:
 # hand out the addresses again in the order the containers come back, and swap them under the inventory.
 SUBNETS = tuple(f"10.{second}.{third}.0/24" for second in (213, 214) for third in range(0, 256, 16))
 HOST_OFFSET = 10
+# The subnet the lab gave the network, as a label of its own: the engine's IPAM block is not relied on for it.
+SUBNET_LABEL = "gpuprov.lab.subnet"
 
 
 def ensure_network(client, progress: Callable[[str], None] = print):
@@ -96,8 +99,9 @@ def ensure_network(client, progress: Callable[[str], None] = print):
         base = ipaddress.ip_network(subnet)
         pool = IPAMPool(subnet=subnet, iprange=str(list(base.subnets(new_prefix=base.prefixlen + 1))[1]))
         try:
-            network = client.networks.create(NETWORK, driver="bridge", internal=True, labels=LABELS,
-                                             check_duplicate=True, ipam=IPAMConfig(pool_configs=[pool]))
+            network = client.networks.create(NETWORK, driver="bridge", internal=True,
+                                             labels={**LABELS, SUBNET_LABEL: subnet}, check_duplicate=True,
+                                             ipam=IPAMConfig(pool_configs=[pool]))
         except docker.errors.APIError as exc:
             if "overlap" in str(exc).lower():
                 continue
@@ -109,9 +113,16 @@ def ensure_network(client, progress: Callable[[str], None] = print):
 
 
 def _subnet(network) -> ipaddress.IPv4Network | None:
-    config = (network.attrs.get("IPAM") or {}).get("Config") or []
-    subnet = config[0].get("Subnet") if config else None
-    return ipaddress.ip_network(subnet) if subnet and ":" not in subnet else None
+    """The subnet the lab gave `network` (its label); for a network an older lab made, the engine's IPAM block
+    (None where that leaves it out: such a network is replaced)."""
+    subnet = (network.attrs.get("Labels") or {}).get(SUBNET_LABEL)
+    if not subnet:
+        config = (network.attrs.get("IPAM") or {}).get("Config") or []
+        subnet = config[0].get("Subnet") if config else None
+    try:
+        return ipaddress.IPv4Network(subnet) if subnet else None
+    except ValueError:
+        return None
 
 
 def host_address(network, index: int) -> str:
@@ -204,7 +215,7 @@ def wait_ready(container, port: int, deadline: float) -> str:
 
 def host_from_container(container) -> LabHost:
     labels = container.labels
-    networks = container.attrs.get("NetworkSettings", {}).get("Networks", {})
+    networks = (container.attrs.get("NetworkSettings") or {}).get("Networks") or {}
     ip = (networks.get(NETWORK) or {}).get("IPAddress") or None
     return LabHost(name=container.name, profile=labels.get(PROFILE_LABEL, ""), port=int(labels[PORT_LABEL]),
                    internal_ip=ip, container_id=container.id,
@@ -237,7 +248,8 @@ def reconcile(client, profiles: list[Profile], image: str, paths: LabPaths,
     keep = []
     for container in lab_containers(client):
         spec = wanted.get(container.name)
-        matches = (spec is not None and container.labels.get(PROFILE_LABEL) == spec[1].name
+        matches = (spec is not None and container.status not in GONE_STATES
+                   and container.labels.get(PROFILE_LABEL) == spec[1].name
                    and container.image.tags and image in container.image.tags
                    and container.labels.get(PORT_LABEL) == str(host_port(spec[0]))
                    and container.labels.get(RUN_LABEL) == RUN_DIGEST
@@ -248,7 +260,7 @@ def reconcile(client, profiles: list[Profile], image: str, paths: LabPaths,
                 container.start()
         else:
             progress(f"host {container.name}: removing (not part of the requested lab)")
-            container.remove(force=True)
+            remove_container(container)
     to_create = [(i, p) for name, (i, p) in wanted.items() if name not in keep]
 
     def create(item):
@@ -291,10 +303,10 @@ def remove_lab(client, paths: LabPaths, progress: Callable[[str], None] = print)
     """Remove every labelled container (hosts and lab services) and network, and the lab's files;
     nothing else."""
     for container in client.containers.list(all=True, filters={"label": LABEL_FILTER}):
-        container.remove(force=True, v=True)
+        remove_container(container)
         progress(f"host {container.name}: removed")
     for network in client.networks.list(filters={"label": LABEL_FILTER}):
-        network.remove()
+        remove_network(network)
         progress(f"network {network.name}: removed")
     for path in (paths.inventory, paths.known_hosts):
         path.unlink(missing_ok=True)

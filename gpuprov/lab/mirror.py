@@ -35,6 +35,7 @@ from pathlib import Path
 from gpuprov.errors import GpuprovError
 from gpuprov.lab.debian import DebianDeb, DebianDebs
 from gpuprov.lab.labels import BASE_REPO, HOST_REPO, LABEL, LABELS, NETWORK, ROLE_LABEL
+from gpuprov.lab.removal import GONE_STATES, remove_container
 from gpuprov.lab.standins import (
     PackageSpec,
     build_debs,
@@ -354,7 +355,7 @@ def _find(client):
 
 def _ip(container, network: str) -> str | None:
     container.reload()
-    return ((container.attrs.get("NetworkSettings", {}).get("Networks") or {}).get(network) or {}).get("IPAddress")
+    return (((container.attrs.get("NetworkSettings") or {}).get("Networks") or {}).get(network) or {}).get("IPAddress")
 
 
 def _wait_serving(container, deadline: float) -> None:
@@ -396,12 +397,13 @@ def ensure_mirror(lab: LabState | str = NETWORK, *, paths: LabPaths | None = Non
     mark = time.monotonic()
     network = _network(client, network_name)
     container = _find(client)
-    fresh = (container is not None and container.labels.get(DIGEST_LABEL) == repo.digest
+    fresh = (container is not None and container.status not in GONE_STATES
+             and container.labels.get(DIGEST_LABEL) == repo.digest
              and tag in (container.image.tags or []) and network_name in
-             (container.attrs.get("NetworkSettings", {}).get("Networks") or {}))
+             ((container.attrs.get("NetworkSettings") or {}).get("Networks") or {}))
     if container is not None and not fresh:
-        progress(f"mirror: replacing {MIRROR_NAME} (repository or image changed)")
-        container.remove(force=True)
+        progress(f"mirror: replacing {MIRROR_NAME} (repository or image changed, or the engine is removing it)")
+        remove_container(container)
         container = None
     if container is None:
         labels = {**LABELS, ROLE_LABEL: "mirror", DIGEST_LABEL: repo.digest}
@@ -465,6 +467,6 @@ def remove_mirror(client, progress: Progress = _quiet) -> bool:
     container = _find(client)
     if container is None:
         return False
-    container.remove(force=True, v=True)
+    remove_container(container)
     progress(f"mirror: removed {MIRROR_NAME}")
     return True

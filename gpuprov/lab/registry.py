@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from gpuprov.errors import GpuprovError
 from gpuprov.lab.labels import IMAGE_LABELS, LABEL, LABELS, NETWORK, REGISTRY_REPO, ROLE_LABEL
+from gpuprov.lab.removal import GONE_STATES, remove_container
 from gpuprov.lab.state import LabPaths
 
 REGISTRY_NAME = "gpuprov-lab-registry"
@@ -188,9 +189,9 @@ def ensure_registry(*, paths: LabPaths | None = None, client=None, network: str 
     tag, version = ensure_image(paths, client, progress)
     lab_network = ensure_network(client, progress)
     container = _find(client)
-    if container is not None and tag not in (container.image.tags or []):
-        progress(f"registry: replacing {REGISTRY_NAME} (its image changed)")
-        container.remove(force=True, v=True)
+    if container is not None and (container.status in GONE_STATES or tag not in (container.image.tags or [])):
+        progress(f"registry: replacing {REGISTRY_NAME} (its image changed, or the engine is removing it)")
+        remove_container(container)
         container = None
     if container is None:
         container = client.containers.create(
@@ -206,7 +207,7 @@ def ensure_registry(*, paths: LabPaths | None = None, client=None, network: str 
     push = f"127.0.0.1:{PORT}"
     _wait_ready(container, f"http://{push}/v2/")
     container.reload()
-    ip = ((container.attrs.get("NetworkSettings", {}).get("Networks") or {}).get(network) or {}).get("IPAddress")
+    ip = (((container.attrs.get("NetworkSettings") or {}).get("Networks") or {}).get(network) or {}).get("IPAddress")
     if not ip:
         raise GpuprovError(f"{REGISTRY_NAME} has no address on {network}", step="lab registry",
                            command=f"docker inspect {REGISTRY_NAME}", hint="`invoke lab.down`, then `invoke lab.up`")

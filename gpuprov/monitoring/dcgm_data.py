@@ -26,6 +26,7 @@ class ExporterRelease:
     package_release: str
     unit: str
     binary: str
+    image_digest: str | None = None     # a confirmed digest of image_tag (data/dcgm_exporter.yaml), else None
 
     def package_for(self, family: str) -> Package:
         """NVIDIA's package at this release (no epoch; `-1` release) for apt or dnf."""
@@ -45,8 +46,14 @@ def _data() -> dict:
 def releases() -> list[ExporterRelease]:
     data = _data()
     return [ExporterRelease(dcgm, entry["exporter"], entry["image_tag"], data["package"], data["package_release"],
-                            data["unit"].removesuffix(".service"), data["binary"])
+                            data["unit"].removesuffix(".service"), data["binary"],
+                            _confirmed_digest(data["image_digests"].get(entry["image_tag"])))
             for dcgm, entry in data["releases"].items()]
+
+
+def _confirmed_digest(entry: dict | None) -> str | None:
+    """A digest the data records as confirmed from NVIDIA's own sources; an unconfirmed one is never used."""
+    return entry["digest"] if entry and entry.get("status") == "confirmed" else None
 
 
 def release_for(dcgm: str, host: str) -> ExporterRelease:

@@ -100,6 +100,11 @@ def check_address(conn, policy: MonitoringPolicy) -> None:
                                 "scrapes from")
 
 
+def textfile_dir_state(conn, policy: MonitoringPolicy) -> dict[str, str | None]:
+    """The textfile folder's state, and its package folder's (exporters.state_command), read as root."""
+    return exporters.parse_state(conn.run(exporters.state_command(policy), sudo=True, timeout=60).stdout)
+
+
 def check_endpoints(conn, urls: dict[str, str]) -> dict[str, str]:
     """Each exporter's state as read on the host from its monitoring address."""
     result = conn.run("sh -s", stdin=probe_command(urls), timeout=120)
@@ -120,7 +125,7 @@ def deploy_host(conn, host, dry_run: bool = False, say: Callable[[str], None] = 
         say("facts")
         check_address(conn, policy)
         files = managed_files(policy)
-        ctx = context(host, gather(conn, files))
+        ctx = context(host, {**gather(conn, files), "textfile_dir": textfile_dir_state(conn, policy)})
         run.dcgm_exporter = exporters.dcgm_mode(ctx, policy)
         changes = plan_changes(ctx, policy)
         run.plan = [change_dict(c) for c in changes]

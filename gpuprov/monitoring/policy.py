@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 NODE_EXPORTER_PORT = 9100
 DCGM_EXPORTER_PORT = 9400
@@ -21,6 +21,7 @@ class MonitoringPolicy:
     address: str                      # where Prometheus reaches the host; the exporters listen here
     dcgm_exporter: str = "auto"       # auto | container | service | none
     dcgm_exporter_image: str = DCGM_EXPORTER_IMAGE
+    dcgm_exporter_digests: dict[str, str] = field(default_factory=dict)   # image tag -> sha256:..., the pins
     drift_interval_min: int = 5
     validate_schedule: str = "weekly"
     scrape_interval_s: int = 15
@@ -42,6 +43,11 @@ class MonitoringPolicy:
     @property
     def dcgm_exporter_listen(self) -> str:
         return f"{_bracketed(self.address)}:{DCGM_EXPORTER_PORT}"
+
+    @property
+    def prometheus_listen(self) -> str:
+        """Where Prometheus listens on a monitoring host (its monitoring address only, never every interface)."""
+        return f"{_bracketed(self.address)}:{PROMETHEUS_PORT}"
 
 
 def _bracketed(address: str) -> str:
@@ -75,8 +81,15 @@ def _textfile_dir(host) -> str:
         raise InputError(f"variable validate.textfile_dir must be an absolute path (letters, digits, _ . + @ / -), "
                          f"not {value!r}", host=host.name, step="monitoring",
                          hint=f"fix it in the inventory (invoke inventory.show --host {host.name})")
+    from gpuprov.inventory.checks import shared_folder_problem
+
+    problem = shared_folder_problem(value.rstrip("/") or "/")
+    if problem:
+        raise InputError(f"variable validate.textfile_dir: {problem}", host=host.name, step="monitoring",
+                         hint=f"give a folder only root writes, like {TEXTFILE_DIR}")
     return value.rstrip("/") or "/"
 
 
 _PLAIN_PATH = re.compile(r"/[A-Za-z0-9_.+@/-]*")
-_SETTINGS = ("dcgm_exporter", "dcgm_exporter_image", "drift_interval_min", "validate_schedule", "scrape_interval_s")
+_SETTINGS = ("dcgm_exporter", "dcgm_exporter_image", "dcgm_exporter_digests", "drift_interval_min", "validate_schedule",
+             "scrape_interval_s")

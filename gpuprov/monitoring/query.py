@@ -1,5 +1,6 @@
 """Prometheus's HTTP API (/api/v1/...): directly at a URL, or through the monitoring host's SSH connection to its
-own port 9090 (Prometheus behind a bastion or a firewall needs no port opened for the controller)."""
+port 9090 on its monitoring address (Prometheus behind a bastion or a firewall needs no port opened for the
+controller)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import urllib.request
 from collections.abc import Callable
 
 from gpuprov.errors import GpuprovError
-from gpuprov.monitoring.policy import PROMETHEUS_PORT
+from gpuprov.monitoring.policy import PROMETHEUS_PORT, build_policy
 
 Fetch = Callable[[str], bytes]   # path with query string -> response body
 
@@ -76,21 +77,24 @@ def at_url(url: str, timeout: float = 30) -> Prometheus:
     return Prometheus(fetch, base)
 
 
-def through_ssh(conn, port: int = PROMETHEUS_PORT, timeout: float = 30) -> Prometheus:
-    """Prometheus on the connected host's own 127.0.0.1:port, reached through the SSH connection. The request is
-    HTTP/1.0, so the answer is the bytes up to the end of the stream (never chunked)."""
+def through_ssh(conn, timeout: float = 30) -> Prometheus:
+    """Prometheus on the connected host, reached through its SSH connection at the host's monitoring address and
+    port 9090, where gpuprov's Prometheus listens (and nowhere else: not on 127.0.0.1). The request is HTTP/1.0, so
+    the answer is the bytes up to the end of the stream (never chunked)."""
+    policy = build_policy(conn.host)
+    listen = policy.prometheus_listen
 
     def fetch(path: str) -> bytes:
         import paramiko
 
         try:
-            channel = conn.open_tunnel(port)
-        except paramiko.SSHException as exc:   # the host refused the tunnel: nothing listens on the port
+            channel = conn.open_tunnel(PROMETHEUS_PORT, policy.address)
+        except paramiko.SSHException as exc:   # the host refused the tunnel: nothing listens there
             reason = getattr(exc, "text", "") or str(exc)
-            raise ConnectionError(f"the SSH tunnel to 127.0.0.1:{port} was refused ({reason})") from None
+            raise ConnectionError(f"the SSH tunnel to {listen} was refused ({reason})") from None
         channel.settimeout(timeout)
         try:
-            channel.sendall(f"GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+            channel.sendall(f"GET {path} HTTP/1.0\r\nHost: {listen}\r\n\r\n".encode())
             data = bytearray()
             while chunk := channel.recv(65536):
                 data += chunk
@@ -102,4 +106,4 @@ def through_ssh(conn, port: int = PROMETHEUS_PORT, timeout: float = 30) -> Prome
             raise http.client.HTTPException(f"not an HTTP answer: {head[:80]!r}")
         return body
 
-    return Prometheus(fetch, f"{conn.host.name} (127.0.0.1:{port} through SSH)")
+    return Prometheus(fetch, f"{conn.host.name} ({listen} through SSH)")

@@ -60,20 +60,37 @@ def file_sd_text(document: list[dict]) -> str:
     return json.dumps(document, indent=2, sort_keys=True) + "\n"
 
 
+# The labels of drift.sh's gpuprov_stack_info that are the host's own report (its installed stack), where the
+# target's labels of the same names are the inventory's or the lock's.
+STACK_INFO_LABELS = ("driver", "cuda", "nccl")
+
+
+def metric_relabel_configs() -> list[dict]:
+    """What a host's exporters may not say about themselves. Without honor_labels the target's labels (host, job,
+    instance, groups, ...) win over a scraped series' labels of the same names, which Prometheus renames
+    exported_<name>: so a host's textfile cannot claim another host's `host`. Only gpuprov_stack_info keeps the
+    host's own driver, cuda and nccl; every other exported_* label is dropped."""
+    return [*({"source_labels": ["__name__", f"exported_{label}"], "regex": "gpuprov_stack_info;(.+)",
+               "target_label": label, "replacement": "$1"} for label in STACK_INFO_LABELS),
+            {"action": "labeldrop", "regex": "exported_.+"}]
+
+
 def scrape_configs(refresh_s: int = 30, directory: str = SERVER_DIR) -> list[dict]:
-    """The scrape jobs that read the file_sd files. node_exporter's keeps the textfiles' own `host` label
-    (honor_labels: it equals the target's)."""
-    return [{"job_name": job, **({"honor_labels": True} if job == "gpuprov-node" else {}),
-             "file_sd_configs": [{"files": [f"{directory}/targets/{name}"], "refresh_interval": f"{refresh_s}s"}]}
+    """The scrape jobs that read the file_sd files; `host` and the other target labels come from the file_sd
+    labels, never from what a host serves (see metric_relabel_configs)."""
+    return [{"job_name": job,
+             "file_sd_configs": [{"files": [f"{directory}/targets/{name}"], "refresh_interval": f"{refresh_s}s"}],
+             "metric_relabel_configs": metric_relabel_configs()}
             for job, name in TARGET_FILES.items()]
 
 
-def prometheus_config(scrape_interval_s: int, directory: str = SERVER_DIR) -> dict:
-    """Prometheus's whole configuration on the monitoring host: itself, the gpuprov jobs and the rules."""
+def prometheus_config(scrape_interval_s: int, listen: str, directory: str = SERVER_DIR) -> dict:
+    """Prometheus's whole configuration on the monitoring host: itself (at `listen`, its monitoring address: it
+    listens nowhere else), the gpuprov jobs and the rules."""
     interval = f"{scrape_interval_s}s"
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
         "rule_files": [f"{directory}/*.rules.yml"],
-        "scrape_configs": [{"job_name": "prometheus", "static_configs": [{"targets": ["localhost:9090"]}]},
+        "scrape_configs": [{"job_name": "prometheus", "static_configs": [{"targets": [listen]}]},
                            *scrape_configs(max(5, 2 * scrape_interval_s), directory)],
     }

@@ -12,6 +12,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from gpuprov.errors import InputError, mask_credentials
 from gpuprov.ops.base import Change, OpContext, file_change, q, write_file
+from gpuprov.secrets import register_url
 
 COMPONENT = "sources"
 APT_LIST = "/etc/apt/sources.list.d/gpuprov-nvidia.list"
@@ -44,6 +45,7 @@ def split_credentials(ctx: OpContext, url: str, setting: str) -> tuple[str, tupl
     parts = urlsplit(url)
     if "@" not in parts.netloc:
         return url, None
+    register_url(url)  # masked by value wherever it shows: auth.conf text, diffs, reports
     bare = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
     user, password = unquote(parts.username or ""), unquote(parts.password or "")
     if not (_TOKEN.fullmatch(user) and _TOKEN.fullmatch(password)):

@@ -17,10 +17,12 @@ from typing import Any
 import yaml
 
 from gpuprov.errors import InputError, literal
+from gpuprov.inventory.checks import NotRegular, read_regular
 from gpuprov.inventory.diagnostics import show, type_name
 from gpuprov.inventory.located import Located, YamlTextError, compose, decode
 
 LOCK_VERSION = 1
+MAX_LOCK_BYTES = 4 * 1024 * 1024  # a lock is a few kB; a larger file is not one
 HEADER = """\
 # gpuprov stack lock: exact versions for every host resolved from the inputs below.
 # Review changes to this file like code. Provisioning installs exactly this stack and refuses to differ
@@ -107,7 +109,9 @@ def _read(path: Path) -> tuple[Located, Any]:
     if not path.is_file():
         raise LockError(path, [f"{path}: not a file"])
     try:
-        data = path.read_bytes()
+        data = read_regular(path, MAX_LOCK_BYTES)  # checked on the opened file: no pipe or device is read
+    except NotRegular as exc:
+        raise LockError(path, [f"{path}: {exc.reason}"]) from None
     except OSError as exc:
         raise LockError(path, [f"{path}: cannot read: {exc.strerror}"]) from None
     reader = Located(path)

@@ -18,7 +18,7 @@ from invoke import task
 from invoke.exceptions import Exit
 
 from gpuprov.config import path_setting, settings
-from gpuprov.errors import GpuprovError, InputError
+from gpuprov.errors import GpuprovError, InputError, literal
 from gpuprov.json_text import dump_json
 
 HOST_HELP = {
@@ -75,37 +75,87 @@ def host_task(help: dict[str, str] | None = None, **options) -> Callable[[Callab
     return decorate
 
 
-def split_names(values: list[str] | None) -> list[str]:
-    """`--host a,b --host c` -> ["a", "b", "c"]."""
-    return [name.strip() for value in values or [] for name in value.split(",") if name.strip()]
+def split_names(values: list[str] | None, flag: str) -> list[str]:
+    """`--host a,b --host c` -> ["a", "b", "c"]; InputError naming `flag` for an empty name (`--host ''`,
+    `--name a,,b`): left out, it would widen the selection (no name given selects everything) in silence."""
+    names = []
+    for value in values or []:
+        for name in str(value).split(","):
+            if not name.strip():
+                raise InputError(f"{flag} {literal(repr(value))} has an empty name", step="select",
+                                 hint=f"give {flag} NAME, or a comma list of names without empty items")
+            names.append(name.strip())
+    return names
 
 
-def select_hosts(c, host: list[str] | None, group: list[str] | None, all_: bool, inventory: str | None):
+def select_hosts(c, host: list[str] | None, group: list[str] | None, all_: bool, inventory: str | None, *,
+                 connects: bool = True):
     """Load the inventory and pick the hosts named by --host/--group, or every host with --all (alone).
-    Returns (inventory, hosts); InputError (exit 2) for a conflict, an unknown name or an empty selection."""
+    Returns (inventory, hosts); InputError (exit 2) for a conflict, an unknown name, an empty selection or, when
+    the task `connects` to them, a sudo password variable that is not set (check_sudo_passwords)."""
     from gpuprov.inventory import load_inventory
 
-    hosts, groups = split_names(host), split_names(group)
+    hosts, groups = split_names(host, "--host"), split_names(group, "--group")
     if all_ and (hosts or groups):
         raise InputError("--all selects every host: give it alone, or name hosts with --host/--group",
                          step="select hosts")
     if inventory is not None and not str(inventory).strip():
         raise InputError("--inventory needs the path of an inventory file, not ''", step="select hosts")
     inv = load_inventory(inventory or path_setting(c, "inventory"))
-    return inv, inv.select(hosts=hosts, groups=groups, all_=all_)
+    chosen = inv.select(hosts=hosts, groups=groups, all_=all_)
+    if connects:
+        check_sudo_passwords(chosen)
+    return inv, chosen
 
 
-def whole_number(flag: str, value: str | int, minimum: int) -> int:
-    """A flag's value as a whole number >= minimum (InputError naming the flag otherwise)."""
+def check_sudo_passwords(hosts) -> None:
+    """InputError (exit 2), before any host is contacted, when a host's sudo.password_env names a variable that
+    is not set and there is no terminal to ask on: the same bad input is the same exit code from every task,
+    rather than each such host failing at connect (a terminal asks once per variable, as before)."""
+    import os
+
+    if sys.stdin is not None and sys.stdin.isatty():
+        return
+    missing: dict[str, list[str]] = {}
+    for h in hosts:
+        if h.sudo_password_env and h.sudo_password_env not in os.environ:
+            missing.setdefault(h.sudo_password_env, []).append(h.name)
+    if missing:
+        names = "; ".join(f"{name} (for {', '.join(users)})" for name, users in sorted(missing.items()))
+        raise InputError(f"the sudo password variable is not set: {names}", step="sudo",
+                         hint="export each one (it is never logged), or run from a terminal to be asked")
+
+
+def whole_number(flag: str, value: str | int, minimum: int, maximum: int | None = None) -> int:
+    """A flag's value as a whole number from minimum to maximum (InputError naming the flag otherwise)."""
     text = str(value).strip()
     if isinstance(value, bool) or not text.isascii() or not text.isdigit() or int(text) < minimum:
         raise InputError(f"{flag} must be a whole number >= {minimum}, not {value!r}")
+    if maximum is not None and int(text) > maximum:
+        raise InputError(f"{flag} must be a whole number from {minimum} to {maximum}, not {value!r}")
     return int(text)
+
+
+def check_output_files(flag: str, paths, *, create_parents: bool = True) -> None:
+    """InputError (exit 2) naming `flag` (a flag or a setting) when a file cannot be written at one of `paths`
+    (gpuprov.inventory.checks.output_file_problem): checked before anything is written or any host contacted."""
+    from pathlib import Path
+
+    from gpuprov.inventory.checks import output_file_problem
+
+    for path in paths:
+        problem = output_file_problem(Path(path), create_parents)
+        if problem:
+            raise InputError(f"{flag}: {literal(problem)}", hint=f"move what is in the way (or create the missing "
+                                                                 f"folder), or give {flag} another path")
 
 
 def parallel_setting(c, parallel: str | int | None) -> int:
     """--parallel, else gpuprov.parallel: a whole number >= 1 (InputError otherwise)."""
-    return settings(c).parallel if parallel is None else whole_number("--parallel", parallel, 1)
+    from gpuprov.config import KINDS
+
+    return settings(c).parallel if parallel is None else whole_number("--parallel", parallel, 1,
+                                                                      KINDS["parallel"].maximum)
 
 
 def max_fail_setting(max_fail: str | int | None) -> str | None:
@@ -143,6 +193,9 @@ def run_settings(c, inv, *, trust_new_hosts: bool = False, parallel: str | int |
     from gpuprov.executor import Settings
 
     config = settings(c)
+    if trust_new_hosts:  # new keys are appended to it: a folder there, or a file above it, is found now
+        check_output_files("gpuprov.known_hosts" if inv.known_hosts is None else f"known_hosts ({inv.path})",
+                           [inv.known_hosts or config.known_hosts])
     return Settings(
         known_hosts=inv.known_hosts or config.known_hosts,
         trust_new=trust_new_hosts,

@@ -36,7 +36,7 @@ def harden(c, host=None, group=None, all=False, inventory=None, parallel=None, t
     """Harden hosts: inbound firewall (Docker-aware), sshd, unattended security upgrades; --check audits."""
     import sys
 
-    from gpuprov.config import path_setting, settings
+    from gpuprov.config import MAX_CONFIRM_TIMEOUT, path_setting, settings
     from gpuprov.errors import literal
     from gpuprov.executor import RunInterrupted, run_on_hosts
     from gpuprov.harden.output import controls_table, print_hosts, summary_row
@@ -45,7 +45,7 @@ def harden(c, host=None, group=None, all=False, inventory=None, parallel=None, t
 
     parts = only_components(only, HARDEN_PARTS) or frozenset(HARDEN_PARTS)
     timeout = settings(c).confirm_timeout if confirm_timeout is None else whole_number(
-        "--confirm-timeout", confirm_timeout, 15)
+        "--confirm-timeout", confirm_timeout, 15, MAX_CONFIRM_TIMEOUT)
     inv, hosts = select_hosts(c, host, group, all, inventory)
     run = run_settings(c, inv, trust_new_hosts=trust_new_hosts, parallel=parallel, max_fail=max_fail)
     reports = path_setting(c, "reports")
@@ -83,8 +83,9 @@ def harden(c, host=None, group=None, all=False, inventory=None, parallel=None, t
 
 
 def _exit_code(outcomes, dry_run: bool) -> int:
-    """0 all good; 2 every failure was bad input; 1 a host failed, refused a lockout, was rolled back, or has a
-    failing control (audited or after the run; not the state before a dry run)."""
+    """0 all good; 2 every failure was bad input; 1 a host failed, refused a lockout, was rolled back, does not say
+    whether its guarded change stayed (unknown), or has a failing control (audited or after the run; not the state
+    before a dry run)."""
     from gpuprov.errors import InputError
 
     failed = [o for o in outcomes if not o.ok]
@@ -92,6 +93,6 @@ def _exit_code(outcomes, dry_run: bool) -> int:
         return 2 if all(isinstance(o.error, InputError) for o in failed) else 1
     for outcome in outcomes:
         run = outcome.value
-        if run.status in ("refused", "rolled back") or (run.failed_controls and not dry_run):
+        if run.status in ("refused", "rolled back", "unknown") or (run.failed_controls and not dry_run):
             return 1
     return 0

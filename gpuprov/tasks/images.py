@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from invoke import task
 
-from gpuprov.tasks._common import exits_cleanly, host_task
+from gpuprov.tasks._common import check_output_files, exits_cleanly, host_task
 
 NAME_HELP = "a spec name (all its matrix entries) or an image id; repeat or give a comma list (default: all)"
 
@@ -103,6 +103,7 @@ def bake(c, name=None, registry=None, output=None):
     if output is not None and not str(output).strip():
         raise InputError("--output needs the path of the bake file to write, not ''", step="images.bake")
     target = Path(output) if output else OUTPUT / "docker-bake.json"
+    check_output_files("--output", [target])
     images = _selected(load_specs(), name)
     document = bake_document([render_image(image) for image in images], registry, provenance())
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -117,7 +118,7 @@ def _selected(images: list, names: list[str] | None) -> list:
     from gpuprov.inventory.diagnostics import suggest
     from gpuprov.tasks._common import split_names
 
-    wanted = split_names(names)
+    wanted = split_names(names, "--name")
     if not wanted:
         return images
     known = sorted({image.name for image in images} | {image.id for image in images})
@@ -170,6 +171,7 @@ def build(c, name=None, changed_only=False, push=False, registry=None, no_cache=
     images = _selected(load_specs(), name)
     reports = path_setting(c, "reports")
     check_folder("gpuprov.reports", reports, write=True)
+    check_output_files("gpuprov.reports", [reports / "images-build-latest.json"])
     progress = _progress(quiet=json_)
     rendered = [render_image(image) for image in images]
     build_one = _build_sdk if builder == "sdk" else _build_buildx
@@ -256,7 +258,8 @@ def _build_buildx(rendered, *, registry, changed_only, no_cache, push, progress)
     for item in rendered:
         tags = _tags(item.image, registry, origin.revision)
         found = existing_image(client.api, tags) if changed_only else None
-        unchanged = found is not None and (found["Config"].get("Labels") or {}).get(CONTEXT_HASH) == item.context_hash
+        labels = ((found or {}).get("Config") or {}).get("Labels") or {}
+        unchanged = found is not None and labels.get(CONTEXT_HASH) == item.context_hash
         results.append({"image": item.image.id, "tags": tags, "result": "unchanged" if unchanged else "built"})
         if not unchanged:
             targets.append(target_name(item.image.id))
@@ -342,6 +345,7 @@ def test(c, name=None, json_=False):
     images = _selected(load_specs(), name)
     reports = path_setting(c, "reports")
     check_folder("gpuprov.reports", reports, write=True)
+    check_output_files("gpuprov.reports", [reports / "images-test-latest.json"])
     progress = _progress(quiet=json_)
     client = engine_client()
     gpus = machine_has_gpus()
@@ -386,6 +390,7 @@ def push(c, name=None, registry=None, json_=False):
     images = _selected(load_specs(), name)
     reports = path_setting(c, "reports")
     check_folder("gpuprov.reports", reports, write=True)
+    check_output_files("gpuprov.reports", [reports / "images-push-latest.json"])
     progress = _progress(quiet=json_)
     client = engine_client()
     revision = provenance().revision

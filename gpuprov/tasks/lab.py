@@ -7,6 +7,9 @@ from invoke import task
 
 from gpuprov.tasks._common import exits_cleanly, split_names, whole_number
 
+# the lab network hands out addresses from the upper half of a /24, and each host has an SSH port on 127.0.0.1
+MAX_LAB_HOSTS = 100
+
 
 def _printer():
     from rich.console import Console
@@ -26,8 +29,8 @@ def up(c, hosts=None, profile=None, fresh=False):
     """Start the lab (Docker engine, images, hosts) and write inventories/lab.yaml."""
     import gpuprov.lab
 
-    count = 3 if hosts is None else whole_number("--hosts", hosts, 1)
-    state = gpuprov.lab.up(count, split_names(profile) or None, progress=_printer(), fresh=fresh)
+    count = 3 if hosts is None else whole_number("--hosts", hosts, 1, MAX_LAB_HOSTS)
+    state = gpuprov.lab.up(count, split_names(profile, "--profile") or None, progress=_printer(), fresh=fresh)
     _table(state.hosts)
     print(f"inventory: {state.inventory}\nknown_hosts: {state.known_hosts}\nkey: {state.key}")
 

@@ -41,10 +41,13 @@ def targets(c, out=None, server=None, inventory=None, dry_run=False, trust_new_h
     from gpuprov.json_text import dump_json
     from gpuprov.monitoring.targets import TARGET_FILES, file_sd_text, scrape_configs
     from gpuprov.report import check_folder, replace_file
+    from gpuprov.tasks._common import check_output_files
 
     inv, jobs = _inventory_targets(c, inventory)
     folder = Path(out or "build/monitoring")
     check_folder("--out", folder, write=True)
+    check_output_files("--out", [*(folder / "targets" / n for n in TARGET_FILES.values()),
+                                 folder / "prometheus-scrape.yml"])
     for job, name in TARGET_FILES.items():
         replace_file(folder / "targets" / name, file_sd_text(jobs[job]))
     fragment = yaml.safe_dump({"scrape_configs": scrape_configs(directory=str(folder.resolve()))}, sort_keys=False)
@@ -76,9 +79,9 @@ def server(c, host=None, inventory=None, dry_run=False, trust_new_hosts=False, j
     if not host:
         raise InputError("--host is required: the monitoring host where Prometheus runs", step="monitoring.server")
     inv, jobs = _inventory_targets(c, inventory)
-    interval = build_policy(inv.host(host)).scrape_interval_s
+    policy = build_policy(inv.host(host))
     _server_run(c, inv, host, trust_new_hosts, dry_run, json_, "monitoring-server",
-                lambda ctx: list(server_changes(ctx, jobs, interval)))
+                lambda ctx: list(server_changes(ctx, jobs, policy)), listens_on=policy)
 
 
 @task(help={"hours": "how long a GPU must have stayed under the threshold (default 6; fractions allowed)",
@@ -98,7 +101,12 @@ def idle(c, hours="6", threshold="5", server=None, prometheus=None, inventory=No
     from gpuprov.tasks._common import select_hosts
 
     span, cut = _positive_number("--hours", hours), _positive_number("--threshold", threshold)
-    inv, hosts = select_hosts(c, None, None, True, inventory)
+    if cut > 100 or span > 24 * 366:
+        from gpuprov.errors import InputError
+
+        raise InputError("--threshold is a percentage (at most 100) and --hours at most a year (8784), not "
+                         f"{threshold!r} and {hours!r}", step="monitoring")
+    inv, hosts = select_hosts(c, None, None, True, inventory, connects=False)
     costs = {p.host: (p.cost_per_hour, p.currency) for p in map(build_policy, hosts)}
     found, where = _on_prometheus(c, inv, server, prometheus, trust_new_hosts,
                                   lambda prom: (find_idle(prom, span, cut, costs), prom.where))
@@ -122,8 +130,10 @@ def dashboard(c, out=None):
     """Write the Grafana dashboard (built with grafanalib) that gpuprov ships."""
     from gpuprov.images import TEMPLATES
     from gpuprov.monitoring.dashboard import write_dashboard
+    from gpuprov.tasks._common import check_output_files
 
     path = out or TEMPLATES / "grafana" / "gpu-fleet.json"
+    check_output_files("--out", [path], create_parents=False)
     write_dashboard(path)
     print(f"dashboard: {path}")
 
@@ -153,7 +163,7 @@ def _inventory_targets(c, inventory):
     from gpuprov.stack.lock import locks_for
     from gpuprov.tasks._common import select_hosts
 
-    inv, hosts = select_hosts(c, None, None, True, inventory)
+    inv, hosts = select_hosts(c, None, None, True, inventory, connects=False)
     return inv, file_sd(inv, hosts, locks_for(hosts, path_setting(c, "locks")))
 
 
@@ -168,6 +178,10 @@ def _on_prometheus(c, inv, server, url, trust_new_hosts, ask):
         raise InputError("give --server HOST (Prometheus on that inventory host, through SSH) or --prometheus URL",
                          step="monitoring")
     if url:
+        from gpuprov.inventory.checks import url_problem
+
+        if url_problem(url):
+            raise InputError(f"--prometheus: {url_problem(url)}", step="monitoring")
         return ask(at_url(url))
     outcome, = run_on_hosts([inv.host(server)], lambda conn: ask(through_ssh(conn)),
                             run_settings(c, inv, trust_new_hosts=trust_new_hosts), jump_of=inv.jump_host)
@@ -176,9 +190,11 @@ def _on_prometheus(c, inv, server, url, trust_new_hosts, ask):
     return outcome.value
 
 
-def _server_run(c, inv, name, trust_new_hosts, dry_run, json_, kind, plan) -> None:
-    """Plan and apply changes on the one monitoring host, provision's way."""
+def _server_run(c, inv, name, trust_new_hosts, dry_run, json_, kind, plan, listens_on=None) -> None:
+    """Plan and apply changes on the one monitoring host, provision's way; `listens_on`: the host's monitoring
+    policy when Prometheus is to listen on its address (checked to be the host's own before anything changes)."""
     from gpuprov.errors import GpuprovError
+    from gpuprov.monitoring.deploy import check_address
     from gpuprov.monitoring.server import managed_files
 
     def work(conn, say):
@@ -190,6 +206,8 @@ def _server_run(c, inv, name, trust_new_hosts, dry_run, json_, kind, plan) -> No
         run = DeployRun(conn.host.name, address=conn.host.address)
         try:
             say("facts")
+            if listens_on is not None:
+                check_address(conn, listens_on)
             changes = plan(context(conn.host, gather(conn, managed_files())))
             run.plan = [change_dict(change) for change in changes]
             if dry_run or not changes:

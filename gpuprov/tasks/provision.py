@@ -8,6 +8,7 @@ from invoke.exceptions import Exit
 from gpuprov.json_text import dump_json
 from gpuprov.tasks._common import (
     HOST_HELP,
+    check_output_files,
     exits_cleanly,
     failed_run,
     only_components,
@@ -77,6 +78,7 @@ def provision(c, host=None, group=None, all=False, inventory=None, dry_run=False
     settings = run_settings(c, inv, trust_new_hosts=trust_new_hosts, parallel=parallel, max_fail=max_fail)
     reports, locks = path_setting(c, "reports"), path_setting(c, "locks")
     new_reports = check_folder("gpuprov.reports", reports, write=True)
+    check_output_files("gpuprov.reports", [reports / "provision-latest.json"])
     check_folder("gpuprov.locks", locks, write=update_lock and locks.exists())
     locks_for(hosts, locks)  # a corrupt lock is bad input: found before any host is contacted
     options = Options(dry_run=dry_run, reboot=reboot, only=components, skip_preflight=skip_preflight,

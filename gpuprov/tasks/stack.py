@@ -12,6 +12,7 @@ from gpuprov.config import path_setting
 from gpuprov.errors import InputError, literal
 from gpuprov.json_text import dump_json
 from gpuprov.tasks._common import (
+    check_output_files,
     exits_cleanly,
     gather_all,
     host_task,
@@ -169,10 +170,11 @@ def lock(c, host=None, group=None, all=False, inventory=None, os=None, parallel=
     from gpuprov.stack.resolve import check_os, resolve_for_host
 
     parallel_setting(c, parallel)
-    inv, hosts = select_hosts(c, host, group, all, inventory)
-    targets = _lock_targets(inv, hosts, split_names(group), split_names(host), all)
+    inv, hosts = select_hosts(c, host, group, all, inventory, connects=os is None)
+    targets = _lock_targets(inv, hosts, split_names(group, "--group"), split_names(host, "--host"), all)
     new_folder = check_folder("gpuprov.locks", path_setting(c, "locks"), write=True)
-    images = _locked_images([image] if image else None, registry)
+    check_output_files("gpuprov.locks", [path_setting(c, "locks") / f"{name}.lock.yaml" for name in targets])
+    images = _locked_images([image] if image is not None else None, registry)
     if os is not None:
         check_os(os)
         facts = {}
@@ -200,7 +202,7 @@ def lock(c, host=None, group=None, all=False, inventory=None, os=None, parallel=
 
 def _locked_images(names: list[str] | None, registry: str | None) -> list[dict]:
     """The lock entries of the --image images (their digests as pushed to --registry from this machine)."""
-    if not split_names(names):
+    if not split_names(names, "--image"):
         if registry is not None:
             raise InputError("--registry names where the --image images were pushed: give --image too",
                              step="stack.lock")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from invoke.exceptions import Exit
 
-from gpuprov.tasks._common import host_task, run_settings, select_hosts, split_names
+from gpuprov.tasks._common import check_output_files, host_task, run_settings, select_hosts, split_names
 
 
 @host_task(help={
@@ -35,20 +35,24 @@ def validate(c, host=None, group=None, all=False, inventory=None, parallel=None,
     from gpuprov.json_text import dump_json
     from gpuprov.stack.lock import locks_for
     from gpuprov.validation import host as validation
-    from gpuprov.validation.suite_config import IMAGE_PATTERN, LEVELS
+    from gpuprov.validation.suite_config import IMAGE_PATTERN, LEVELS, validate_vars
 
     if level not in LEVELS:
         raise InputError(f"--level must be one of {', '.join(LEVELS)}, not {level!r}", step="validate")
     if image is not None and not IMAGE_PATTERN.fullmatch(image):
         raise InputError(f"--image must be an image reference like repo/name:tag, not {image!r}", step="validate")
-    checks = tuple(split_names([only])) if only else None
+    checks = _checks(level, only)
     inv, hosts = select_hosts(c, host, group, all, inventory)
+    for h in hosts:
+        validate_vars(h)  # a bad variable is exit 2 here, before any host is contacted
     if multi_node and len(hosts) < 2:
         raise InputError("--multi-node needs at least two hosts", step="validate",
                          hint="select the group with --group NAME")
     settings = run_settings(c, inv, trust_new_hosts=trust_new_hosts, parallel=parallel)
     reports, locks, wheels = path_setting(c, "reports"), path_setting(c, "locks"), path_setting(c, "wheelhouse")
     new_reports = reports_.check_folder("gpuprov.reports", reports, write=True)
+    check_output_files("gpuprov.reports", [reports / "validate-latest.json", reports / "validate-latest.xml",
+                                           *(reports / "textfile" / f"{h.name}.prom" for h in hosts)])
     reports_.check_folder("gpuprov.locks", locks, write=False)
     reports_.check_folder("gpuprov.wheelhouse", wheels, write=True)
     locks_for(hosts, locks)  # a corrupt lock is bad input: found before any host is contacted
@@ -93,6 +97,24 @@ def validate(c, host=None, group=None, all=False, inventory=None, parallel=None,
         code = 1
     if code:
         raise Exit(code=code)
+
+
+def _checks(level: str, only: str | None) -> tuple[str, ...] | None:
+    """--only as given, once every name is a check (or a group of checks) of the suite that runs at `level`:
+    the suite's own selection, asked here on the controller (InputError, exit 2) rather than on each host."""
+    if only is None:
+        return None
+    from gpuprov.errors import InputError
+    from gpuprov.smoke.runner import UsageError, discover, select
+
+    names = tuple(split_names([only], "--only"))
+    discover()
+    try:
+        select(level, ",".join(names))
+    except UsageError as exc:
+        raise InputError(str(exc), step="validate", hint="invoke validate --help lists the levels; the checks "
+                                                         "are named in the error") from None
+    return names
 
 
 def _multi_node(inv, hosts, runs, settings, options, printer, run_on_hosts) -> dict:

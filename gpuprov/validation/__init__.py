@@ -1,14 +1,16 @@
 """The controller side of `invoke validate`: each host's suite config, its Python environment, the suite run,
 fleet outliers and the multi-node all-reduce. The suite itself (gpuprov/smoke) runs on the host.
 
-Where things live on a host (root-owned unless said otherwise), below /opt/gpuprov:
+Where things live on a host, below /opt/gpuprov (root-owned and writable by root alone, as is every folder above
+it: an existing /opt/gpuprov of another owner is refused, never re-owned, since its contents cannot be trusted):
 
-    venv        the suite's Python (torch, numpy, onnx, onnxruntime) from the pushed wheelhouse
-    wheelhouse  the wheels pushed from the controller's build/wheelhouse (owned by the SSH user)
-    incoming    staging for uploads (owned by the SSH user, 0700)
+    venv        the suite's Python (torch, numpy, onnx, onnxruntime and their dependencies, each pinned to its
+                version and SHA-256) from the wheelhouse, made with root's own python3
+    wheelhouse  the wheels of the current set (root only, 0700), each checked against the controller's SHA-256
+    incoming    the SSH user's upload folder (0700): SFTP puts wheels there, root copies them out and checks them
     smoke       the suite (gpuprov/smoke), run as `python -m smoke` from /opt/gpuprov
     run         the suite config of the last run (config.json)
-    multinode   the multi-node all-reduce worker
+    multinode   the multi-node all-reduce worker, run as the unprivileged user gpuprov-validate
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@ copies it to /opt/gpuprov/multinode). It runs ON the hosts and imports only the 
 
 Every process all-reduces a tensor filled with its rank + 1 and checks the sum (an exact float32 value), then
 times all-reduces of random data after a warm-up and reports the bus bandwidth as nccl-tests defines it
-(algorithm bandwidth x 2(n-1)/n). Rank 0 prints one line: GPUPROV-MULTINODE {json}.
+(algorithm bandwidth x 2(n-1)/n). Rank 0 prints one line: GPUPROV-MULTINODE {json}, with the user ids the
+workers ran as. A node expected to run on its GPUs that cannot open them (their device files' permissions for the
+workers' user) exits 1 and says so, rather than falling back to the CPU.
 """
 
 from __future__ import annotations
@@ -28,10 +30,14 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--timeout", type=int, default=120)
+    parser.add_argument("--expect-device", choices=("cuda", "cpu"), default="cpu")
     args = parser.parse_args()
 
     rank, world, local_rank = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     cuda = torch.cuda.is_available()
+    if args.expect_device == "cuda" and not cuda:
+        raise SystemExit(f"{args.inventory_name}: torch sees no GPU as uid {os.getuid()}: the workers' user cannot "
+                         "open the GPUs (check the permissions of /dev/nvidia*)")
     if cuda:
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
@@ -45,7 +51,8 @@ def main() -> None:
             torch.cuda.synchronize(device)
 
     who = [None] * world
-    dist.all_gather_object(who, {"rank": rank, "node": args.inventory_name, "hostname": socket.gethostname()})
+    dist.all_gather_object(who, {"rank": rank, "node": args.inventory_name, "hostname": socket.gethostname(),
+                                 "uid": os.getuid()})
 
     elements = args.size_mib * (1 << 20) // 4
     check = torch.full((elements,), float(rank + 1), dtype=torch.float32, device=device)
@@ -77,7 +84,8 @@ def main() -> None:
         print(MARK + json.dumps({
             "world_size": world, "backend": backend, "device": "cuda" if cuda else "cpu",
             "nodes": sorted({item["node"] for item in who}),
-            "ranks": who, "size_bytes": size, "iters": args.iters, "expected_sum": expected,
+            "ranks": who, "uids": sorted({item["uid"] for item in who}), "size_bytes": size, "iters": args.iters,
+            "expected_sum": expected,
             "wrong_elements": sum(item["wrong"] for item in per_rank), "time_s": slowest,
             "algbw_gbs": algbw, "busbw_gbs": algbw * 2 * (world - 1) / world,
         }), flush=True)

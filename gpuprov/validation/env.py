@@ -2,10 +2,16 @@
 
 The controller downloads the wheels for the host's Python, architecture and C library with `pip download`
 (torch from the PyTorch index of the wheel variant, the rest through the controller's pip configuration) into
-build/wheelhouse/<key>/ with a manifest of their SHA-256 digests, pushes the missing ones over SFTP, checks them
-on the host, and installs them with `pip install --no-index --find-links`, so hosts need no package index (air
-gapped hosts, the lab). The venv carries a marker with the digest of the wheel set and the Python it was built
-for; a host whose marker matches is left alone, so a second run uploads and installs nothing.
+build/wheelhouse/<key>/ with a manifest of their SHA-256 digests (an index's credentials travel in pip's
+environment, never on a command line or into the manifest). Hosts need no package index (air gapped hosts,
+the lab).
+
+On the host the SSH user steers nothing root runs: root finds python3 on a fixed PATH and uses it only when it
+and every folder above it are root's alone; the missing wheels go over SFTP into the SSH user's upload folder,
+and root copies each into the root-only wheelhouse (0700) checking its SHA-256, then installs every wheel pinned
+to its exact version and digest (`pip install --require-hashes --no-index`). The venv carries a marker with the
+digest of the wheel set and the Python it was built for; a host whose marker matches is left alone, so a second
+run uploads and installs nothing.
 """
 
 from __future__ import annotations
@@ -25,13 +31,17 @@ from pathlib import Path
 
 from gpuprov.errors import GpuprovError
 from gpuprov.validation import LAYOUT, Layout
+from gpuprov.validation.remote import INSECURE, SECURE
 
 MANIFEST = "wheelhouse.json"
 ARCHES = ("x86_64", "aarch64")
+SCHEME = 2          # in the venv marker: venvs built before wheels were pinned and checked as root are rebuilt
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"   # where root looks for python3 (never the SSH user's PATH)
 
-# Runs on the host with its python3: what the wheelhouse must fit, and the markers of an earlier run.
+# Runs on the host as root with the checked python3 (-I: no environment, no user site, no current folder on
+# sys.path): what the wheelhouse must fit, and the markers of an earlier run.
 PROBE = r"""
-import json, platform, sys
+import json, os, platform, sys
 def read(path):
     try:
         with open(path) as handle:
@@ -39,8 +49,81 @@ def read(path):
     except OSError:
         return None
 libc, libc_version = platform.libc_ver()
-print(json.dumps({"python": sys.executable, "version": "%d.%d" % sys.version_info[:2], "arch": platform.machine(),
-                  "libc": libc, "glibc": libc_version, "marker": read(sys.argv[1]), "smoke": read(sys.argv[2])}))
+print(json.dumps({"python": os.path.realpath(sys.executable), "version": "%d.%d" % sys.version_info[:2],
+                  "arch": platform.machine(), "libc": libc, "glibc": libc_version, "marker": read(sys.argv[1]),
+                  "smoke": read(sys.argv[2])}))
+"""
+
+# Runs as root with the checked python3: each wheel of the set (stdin: {name: sha256}) into the root-only
+# wheelhouse, copied from the SSH user's upload folder (never following a symlink, regular files only) and
+# checked on the copy; wheels of other sets dropped. Prints what is still missing and what arrived damaged.
+STAGE = r"""
+import errno, hashlib, json, os, stat, sys
+house, incoming = sys.argv[1], sys.argv[2]
+files = json.load(sys.stdin)
+st = os.lstat(house) if os.path.lexists(house) else None
+if st is None or not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or stat.S_IMODE(st.st_mode) != 0o700:
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        import shutil
+        shutil.rmtree(house)
+    elif st is not None:
+        os.unlink(house)
+    os.mkdir(house, 0o700)
+    os.chmod(house, 0o700)
+def sha(fd):
+    digest = hashlib.sha256()
+    for block in iter(lambda: os.read(fd, 1 << 20), b""):
+        digest.update(block)
+    return digest.hexdigest()
+missing, bad = [], []
+for name, want in sorted(files.items()):
+    target = os.path.join(house, name)
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            if sha(fd) == want:
+                continue
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+    source = os.path.join(incoming, name)
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        (bad if exc.errno == errno.ELOOP else missing).append(name)
+        if exc.errno == errno.ELOOP:
+            os.unlink(source)
+        continue
+    part = target + ".part"
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            bad.append(name)
+            continue
+        out = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        digest = hashlib.sha256()
+        try:
+            for block in iter(lambda: os.read(fd, 1 << 20), b""):
+                digest.update(block)
+                os.write(out, block)
+        finally:
+            os.close(out)
+        if digest.hexdigest() == want:
+            os.replace(part, target)
+        else:
+            bad.append(name)
+    finally:
+        os.close(fd)
+        for leftover in (part, source):
+            try:
+                os.unlink(leftover)
+            except OSError:
+                pass
+for name in os.listdir(house):
+    if name not in files:
+        path = os.path.join(house, name)
+        os.unlink(path) if not os.path.isdir(path) or os.path.islink(path) else __import__("shutil").rmtree(path)
+print(json.dumps({"missing": missing, "bad": bad}))
 """
 
 
@@ -56,15 +139,29 @@ class HostPython:
     smoke_digest: str | None = None
 
 
-def probe_host(remote, layout: Layout = LAYOUT) -> HostPython:
-    """One command: the host's python3 (version, architecture, glibc) and the markers of the last run."""
+def probe_command(layout: Layout = LAYOUT) -> str:
+    """The probe, as root: python3 from the system PATH, used only when it and every folder above it (through
+    its symlinks) are root's alone."""
     q = shlex.quote
-    result = remote.run(f"command -v python3 >/dev/null || exit 127; python3 -c {q(PROBE)} {q(layout.marker)} "
-                        f"{q(layout.smoke_marker)}", sudo=False, timeout=60, step="python env", check=False)
+    return "\n".join([
+        SECURE, f"p=$(PATH={SYSTEM_PATH} command -v python3) || exit 127", 'r=$(readlink -f -- "$p")',
+        f'why=$(secure "$p") && why=$(secure "$r") || {{ echo "refused: $p: $why" >&2; exit {INSECURE}; }}',
+        f'exec "$r" -I -c {q(PROBE)} {q(layout.marker)} {q(layout.smoke_marker)}'])
+
+
+def probe_host(remote, layout: Layout = LAYOUT) -> HostPython:
+    """One root command: the host's python3 (version, architecture, glibc) and the markers of the last run."""
+    result = remote.run(probe_command(layout), timeout=60, step="python env", check=False)
     if result.rc == 127:
-        raise GpuprovError("the host has no python3", host=remote.name, step="python env",
-                           hint="install python3 on the host (apt-get install python3), or run the suite in a "
-                                "container image with --image")
+        raise GpuprovError(f"the host has no python3 on the system PATH ({SYSTEM_PATH})", host=remote.name,
+                           step="python env", hint="install python3 on the host (apt-get install python3), or run "
+                                                   "the suite in a container image with --image")
+    if result.rc == INSECURE:
+        raise GpuprovError(f"the host's python3 is not root's alone, so root does not run it: "
+                           f"{result.stderr.strip().removeprefix('refused: ')}", host=remote.name,
+                           step="python env", command=result.shown_command(),
+                           hint="install python3 from the distribution (apt-get install python3) so that it and "
+                                "every folder above it are owned by root and writable by root alone")
     try:
         info = json.loads(result.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -91,11 +188,20 @@ class WheelRequest:
     glibc: str                    # "2.36"
     wheel: str                    # "cpu" | "cu128" | ...
     torch_version: str | None     # "2.7" | "2.7.1" | None (what the index has newest)
-    torch_index: str | None       # URL; None: the controller's pip configuration alone
+    torch_index: str | None = field(repr=False)   # URL (credentials too); None: the controller's pip config
 
     @property
     def gpu(self) -> bool:
         return self.wheel != "cpu"
+
+    @property
+    def index_shown(self) -> str | None:
+        """The torch index without its credentials (what reports, folder names and the manifest carry)."""
+        return strip_userinfo(self.torch_index) if self.torch_index else self.torch_index
+
+    def pip_env(self) -> dict[str, str]:
+        """pip's environment for the torch download: the index (and its credentials) never on a command line."""
+        return {"PIP_INDEX_URL": self.torch_index} if self.torch_index else {}
 
     def torch_requirement(self) -> str:
         if not self.torch_version:
@@ -109,7 +215,7 @@ class WheelRequest:
     def key(self) -> str:
         """The wheelhouse folder's name: everything the downloaded set depends on."""
         version = self.torch_version or "latest"
-        index = "" if not self.torch_index else "-" + hashlib.sha256(self.torch_index.encode()).hexdigest()[:8]
+        index = "" if not self.torch_index else "-" + hashlib.sha256(self.index_shown.encode()).hexdigest()[:8]
         return f"cp{self.python.replace('.', '')}-{self.arch}-glibc{self.glibc}-{self.wheel}-torch{version}{index}"
 
     def platforms(self) -> list[str]:
@@ -117,6 +223,34 @@ class WheelRequest:
         major, minor = (int(part) for part in self.glibc.split(".")[:2])
         tags = [f"manylinux_{major}_{m}_{self.arch}" for m in range(minor, 16, -1)] if major == 2 else []
         return [*tags, f"manylinux2014_{self.arch}"]
+
+
+def strip_userinfo(url: str) -> str:
+    """`url` without `user:password@` (an index's credentials)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
+def _secrets_of(url: str | None) -> list[str]:
+    from urllib.parse import unquote, urlsplit
+
+    if not url:
+        return []
+    parts = urlsplit(url)
+    secret = parts.password or parts.username   # a token alone comes as the user name
+    return [secret, unquote(secret)] if secret else []
+
+
+def wheel_pin(name: str) -> tuple[str, str]:
+    """(project, version) of a wheel file name (PEP 427: NAME-VERSION(-BUILD)?-PY-ABI-PLATFORM.whl)."""
+    parts = name[:-len(".whl")].split("-")
+    if not name.endswith(".whl") or len(parts) not in (5, 6):
+        raise GpuprovError(f"{name} is not a wheel file name", step="wheelhouse")
+    return parts[0].replace("_", "-").lower(), parts[1]
 
 
 @dataclass
@@ -136,10 +270,27 @@ class Wheelhouse:
                                hint=f"remove {self.folder} so that the next run downloads it again")
         return wheels[-1]
 
+    def pins(self) -> list[str]:
+        """The requirements file root installs from: every wheel but pip, at its exact version and digest."""
+        by_project: dict[str, list[tuple[str, str]]] = {}
+        for name, sha in sorted(self.files.items()):
+            if not name.startswith("pip-"):
+                project, version = wheel_pin(name)
+                by_project.setdefault(project, []).append((version, sha))
+        lines = []
+        for project, found in sorted(by_project.items()):
+            versions = sorted({version for version, _ in found})
+            if len(versions) > 1:
+                raise GpuprovError(f"{self.folder} holds {project} in {len(versions)} versions ({', '.join(versions)})"
+                                   ": one version of each project can be pinned", step="wheelhouse",
+                                   hint=f"remove {self.folder} so that the next run downloads it again")
+            lines.append(f"{project}=={versions[0]} " + " ".join(f"--hash=sha256:{sha}" for _, sha in found))
+        return lines
+
     def digest(self, python: HostPython) -> str:
         """What the venv marker records: the wheel set, the requirements and the Python it was built with."""
         text = json.dumps({"files": sorted(self.files.items()), "requirements": self.requirements,
-                           "python": [python.path, python.version]}, sort_keys=True)
+                           "python": [python.path, python.version], "scheme": SCHEME}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -180,15 +331,15 @@ def load_wheelhouse(folder: Path) -> Wheelhouse | None:
 
 
 def pip_download_commands(request: WheelRequest, dest: Path) -> list[list[str]]:
-    """The controller's `pip download` commands: torch from its index, then the rest and pip itself."""
+    """The controller's `pip download` commands: torch from its index (in pip's environment, request.pip_env),
+    then the rest and pip itself."""
     common = [sys.executable, "-m", "pip", "download", "--dest", str(dest), "--only-binary=:all:",
               "--python-version", request.python, "--implementation", "cp",
               "--abi", f"cp{request.python.replace('.', '')}", "--progress-bar", "off",
               "--disable-pip-version-check"]
     for platform in request.platforms():
         common += ["--platform", platform]
-    torch = [*common, *(["--index-url", request.torch_index] if request.torch_index else []),
-             request.torch_requirement()]
+    torch = [*common, request.torch_requirement()]
     return [torch, [*common, *request.requirements()[1:], "pip"]]
 
 
@@ -207,18 +358,24 @@ def wheelhouse_for(request: WheelRequest, root: Path, say: Callable[[str], None]
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
         try:
-            for command in pip_download_commands(request, tmp):
-                done = run(command, capture_output=True, text=True, check=False)
+            for number, command in enumerate(pip_download_commands(request, tmp)):
+                extra = request.pip_env() if number == 0 else {}
+                done = run(command, capture_output=True, text=True, check=False, env={**os.environ, **extra})
                 if done.returncode != 0:
+                    output = done.stderr or done.stdout
+                    for secret in _secrets_of(request.torch_index):
+                        output = output.replace(secret, "****")
                     raise GpuprovError(
                         f"pip download failed for {request.key()}", step="wheelhouse",
-                        command=" ".join(shlex.quote(part) for part in command),
-                        output=(done.stderr or done.stdout), hint=(
+                        command=" ".join(shlex.quote(part) for part in command) + (
+                            f"  (index {request.index_shown}, from PIP_INDEX_URL)" if extra else ""),
+                        output=output, hint=(
                             "the controller's pip needs an index with these wheels (pip config, or "
                             "validate.torch_index in the inventory); on an air-gapped controller, put the wheels "
                             f"into {folder}/ with a {MANIFEST} listing them"))
             files = {path.name: _sha256(path) for path in sorted(tmp.iterdir()) if path.suffix == ".whl"}
-            wheelhouse = Wheelhouse(folder, files, request.requirements(), dataclasses.asdict(request))
+            wheelhouse = Wheelhouse(folder, files, request.requirements(),
+                                    dataclasses.asdict(request) | {"torch_index": request.index_shown})
             (tmp / MANIFEST).write_text(json.dumps({"request": wheelhouse.request, "requirements":
                                                     wheelhouse.requirements, "files": files}, indent=2,
                                                    sort_keys=True), encoding="utf-8")
@@ -240,53 +397,70 @@ def _remove_tree(path: Path) -> None:
 
 
 def install_script(python: HostPython, wheelhouse: Wheelhouse, digest: str, layout: Layout = LAYOUT) -> str:
-    """The root script that builds the venv from the pushed wheels (a fresh venv: nothing stale stays)."""
+    """The root script that builds the venv from the root-only wheelhouse (a fresh venv: nothing stale stays):
+    every wheel pinned to its version and SHA-256, which pip checks again as it installs."""
     q = shlex.quote
     pip = f"{layout.wheelhouse}/{wheelhouse.pip_wheel}/pip"
-    requirements = " ".join(q(r) for r in wheelhouse.requirements)
+    requirements = f"{layout.wheelhouse}/.requirements"
     return "\n".join([
         "set -e",
+        "umask 022",
+        f"cat > {q(requirements)} <<'GPUPROV-PINS'",
+        *wheelhouse.pins(),
+        "GPUPROV-PINS",
         f"rm -rf {q(layout.venv)}",
-        f"{q(python.path)} -m venv --without-pip {q(layout.venv)}",
-        f"{q(layout.python)} {q(pip)} install --isolated --no-index --find-links {q(layout.wheelhouse)} "
-        f"--no-cache-dir --disable-pip-version-check --no-warn-script-location --quiet {requirements}",
+        f"{q(python.path)} -I -m venv --without-pip {q(layout.venv)}",
+        f"{q(layout.python)} -I {q(pip)} install --isolated --no-index --find-links {q(layout.wheelhouse)} "
+        f"--require-hashes --only-binary=:all: --no-cache-dir --disable-pip-version-check --no-warn-script-location "
+        f"--quiet -r {q(requirements)}",
+        f"rm -f {q(requirements)}",
         f"printf '%s\\n' {q(digest)} > {q(layout.marker)}",
     ])
 
 
+def stage_wheels(remote, python: HostPython, wheelhouse: Wheelhouse, layout: Layout = LAYOUT) -> dict:
+    """Root copies the set's wheels from the SSH user's upload folder into the root-only wheelhouse, checking
+    each copy's SHA-256 ({"missing": [...], "bad": [...]})."""
+    q = shlex.quote
+    result = remote.run(f"{q(python.path)} -I -c {q(STAGE)} {q(layout.wheelhouse)} {q(layout.incoming)}",
+                        stdin=json.dumps(wheelhouse.files), timeout=900, step="python env")
+    try:
+        return json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise GpuprovError("cannot read what staging the wheels did", host=remote.name, step="python env",
+                           command=result.shown_command(), output=result.stderr or result.stdout) from None
+
+
 def ensure_env(remote, python: HostPython, wheelhouse: Wheelhouse, layout: Layout = LAYOUT,
                say: Callable[[str], None] = lambda what: None) -> dict:
-    """Make the host's venv match the wheel set: nothing when its marker says it does; else push the missing
-    wheels, check every wheel's SHA-256 on the host, drop wheels of other sets, rebuild the venv, write the
+    """Make the host's venv match the wheel set: nothing when its marker says it does; else root takes the
+    wheels it lacks from the SSH user's upload folder (pushing the missing ones there first), checking each one's
+    SHA-256 on its own copy, drops wheels of other sets, rebuilds the venv with every wheel pinned, writes the
     marker. Returns what was done (for the report)."""
     digest = wheelhouse.digest(python)
     done = {"venv": layout.venv, "wheelset": digest, "wheels": len(wheelhouse.files), "uploaded": [],
             "installed": False}
     if python.marker == digest:
         return done
-    remote.user_folder(layout.wheelhouse)
-    sftp = remote.sftp()
-    present = {entry.filename: entry.st_size for entry in sftp.listdir_attr(layout.wheelhouse)}
-    missing = [name for name in sorted(wheelhouse.files)
-               if present.get(name) != (wheelhouse.folder / name).stat().st_size]
+    remote.root_folder(layout.root, step="python env")
+    remote.user_folder(layout.incoming)
+    hint = (f"{{what}}: root never installs it. Check who can write {layout.incoming} on the host "
+            "(the SSH user's upload folder), then rerun to upload the wheels again")
+    staged = stage_wheels(remote, python, wheelhouse, layout)
+    if staged["bad"]:
+        raise GpuprovError(f"wheels in the upload folder differ from the controller's: {', '.join(staged['bad'])}",
+                           host=remote.name, step="python env", hint=hint.format(what="they were removed"))
+    missing = staged["missing"]
     if missing:
         say(f"upload {len(missing)} wheels")
-    for name in missing:
-        remote.put_file(wheelhouse.folder / name, f"{layout.wheelhouse}/{name}")
+        for name in missing:
+            remote.put_file(wheelhouse.folder / name, f"{layout.incoming}/{name}")
+        staged = stage_wheels(remote, python, wheelhouse, layout)
     done["uploaded"] = missing
-    for name in sorted(set(present) - set(wheelhouse.files)):
-        sftp.remove(f"{layout.wheelhouse}/{name}")
-    sums = "".join(f"{sha}  {name}\n" for name, sha in sorted(wheelhouse.files.items()))
-    check = remote.run(f"cd {shlex.quote(layout.wheelhouse)} && sha256sum -c --strict -", sudo=False, stdin=sums,
-                       timeout=600, step="python env", check=False)
-    if check.rc != 0:
-        bad = [line.rsplit(":", 1)[0] for line in check.stdout.splitlines() if not line.endswith(": OK")]
-        for name in bad:
-            if name in wheelhouse.files:
-                sftp.remove(f"{layout.wheelhouse}/{name}")
-        raise GpuprovError(f"wheels differ from the controller's after upload: {', '.join(bad) or check.stderr}",
-                           host=remote.name, step="python env",
-                           hint="they were removed from the host; rerun to upload them again")
+    if staged["bad"] or staged["missing"]:
+        raise GpuprovError("wheels differ from the controller's after upload: "
+                           f"{', '.join(staged['bad'] + staged['missing'])}", host=remote.name, step="python env",
+                           hint=hint.format(what="they were removed"))
     say("install the Python environment")
     remote.run("sh -s", stdin=install_script(python, wheelhouse, digest, layout), timeout=1800,
                step="python env", hint="the wheels may not fit the host's Python: remove the wheelhouse folder on "

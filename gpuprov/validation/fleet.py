@@ -3,13 +3,18 @@ validated in this run and in recent validate reports. A host more than `outlier_
 inventory's validate.outlier_pct) below that median fails with both numbers, even when it is above its
 datasheet threshold: the host that is 20 % slower than its identical neighbours.
 
-Each host counts once: its figure from this run, else its newest figure in the recent reports. Figures are
-grouped by GPU model, by what measured them (GPU or CPU: the lab measures on CPU) and by suite level.
+Each host counts once: its figure from this run, else its newest figure in the recent reports; a host is never
+its own peer, not even through its earlier reports. A verdict needs at least MIN_PEERS other hosts, so that no
+single host (a liar, a broken one) moves the median far; with fewer the check is a skip (strict: a fail).
+Figures are grouped by GPU model, by what measured them (GPU or CPU: the lab measures on CPU) and by suite level.
+Only finite, positive numbers of the known figures count, from this run's checked documents
+(gpuprov.validation.document) and from the reports.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -24,6 +29,7 @@ FIGURES = {
 }
 RECENT_DAYS = 7
 RECENT_REPORTS = 50
+MIN_PEERS = 3
 
 
 @dataclass(frozen=True)
@@ -42,15 +48,36 @@ def group_of(gpu: str | None, versions: dict, gpus_visible: bool, level: str) ->
     return f"{gpu or 'unknown GPU'} ({device}, {level})"
 
 
+def _figure(value) -> float | None:
+    """A comparable figure: a finite, positive number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:   # an int too large for a float
+        return None
+    return number if math.isfinite(number) and number > 0 else None
+
+
 def figures_of(results: list[dict]) -> dict[str, float]:
-    """The comparable figures of a host's results: numbers only, keyed check.figure."""
+    """The comparable figures of a host's results: finite positive numbers only, keyed check.figure."""
     out: dict[str, float] = {}
     for result in results:
+        figures = result.get("figures")
+        if not isinstance(figures, dict):
+            continue
         for name in FIGURES.get(result.get("check"), ()):
-            value = (result.get("figures") or {}).get(name)
-            if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-                out[f"{result['check']}.{name}"] = float(value)
+            value = _figure(figures.get(name))
+            if value is not None:
+                out[f"{result['check']}.{name}"] = value
     return out
+
+
+def _report_figures(figures: dict) -> dict[str, float]:
+    """The known figures of a report's fleet entry that are finite positive numbers."""
+    known = {f"{check}.{name}" for check, names in FIGURES.items() for name in names}
+    return {key: number for key, value in figures.items()
+            if key in known and (number := _figure(value)) is not None}
 
 
 def recent_samples(folder: str | Path, now: float | None = None, days: float = RECENT_DAYS,
@@ -62,15 +89,19 @@ def recent_samples(folder: str | Path, now: float | None = None, days: float = R
     for path in sorted(paths, key=lambda p: p.stat().st_mtime, reverse=True)[:limit]:
         try:
             report = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            when = report.get("finished_epoch") or path.stat().st_mtime
+            hosts = report.get("hosts")
+        except (OSError, ValueError, RecursionError, AttributeError):
             continue
-        when = report.get("finished_epoch") or path.stat().st_mtime
-        if not isinstance(when, int | float) or now - when > days * 86400:
+        if _figure(when) is None or now - when > days * 86400 or not isinstance(hosts, list):
             continue
-        for host in report.get("hosts") or []:
-            fleet = host.get("fleet") or {}
-            if isinstance(fleet.get("figures"), dict) and fleet.get("group") and host.get("host"):
-                out.append(Sample(host["host"], fleet["group"], fleet["figures"], float(when)))
+        for host in hosts:
+            fleet = host.get("fleet") if isinstance(host, dict) else None
+            if not isinstance(fleet, dict) or not isinstance(fleet.get("figures"), dict):
+                continue
+            figures = _report_figures(fleet["figures"])
+            if figures and isinstance(fleet.get("group"), str) and isinstance(host.get("host"), str):
+                out.append(Sample(host["host"], fleet["group"], figures, float(when)))
     return out
 
 
@@ -98,7 +129,8 @@ def _peers(count: int) -> str:
 
 def judge(sample: Sample, group: dict[str, Sample], outlier_pct: float, strict: bool = False) -> list[dict]:
     """One result per compared check (`fleet.perf.matmul`, ...) for a host of this run, each figure against
-    the median of its peers (the group's other hosts: a host is never its own peer)."""
+    the median of its peers (the group's other hosts: a host is never its own peer), when it has at least
+    MIN_PEERS of them."""
     results = []
     checks: dict[str, list[str]] = {}
     for key in sample.figures:
@@ -106,26 +138,27 @@ def judge(sample: Sample, group: dict[str, Sample], outlier_pct: float, strict: 
         checks.setdefault(check, []).append(name)
     for check, names in checks.items():
         failures, within, figures = [], [], {}
-        compared = 0
+        compared = most = 0
         for name in names:
             key = f"{check}.{name}"
             values = [s.figures[key] for s in group.values()
                       if s.host != sample.host and isinstance(s.figures.get(key), int | float)]
             value = sample.figures[key]
             figures[name] = value
-            if not values:
+            most = max(most, len(values))
+            if len(values) < MIN_PEERS:
                 continue
             compared = max(compared, len(values))
             median = statistics.median(values)
             figures[f"{name}_fleet_median"] = median
-            below = (median - value) / median * 100 if median > 0 else 0.0
+            below = (median - value) / median * 100
             text = (f"{name} {_fmt(value)} is {below:.1f}% below the fleet median {_fmt(median)} of "
                     f"{_peers(len(values))}")
             if below > outlier_pct:
                 failures.append(text)
             else:
                 within.append(f"{name} {_fmt(value)} (median {_fmt(median)})")
-        thresholds = {"max_below_fleet_median_pct": outlier_pct, "hosts": compared}
+        thresholds = {"max_below_fleet_median_pct": outlier_pct, "hosts": compared, "min_hosts": MIN_PEERS}
         if failures:
             status, reason = "fail", "; ".join(failures) + f" (more than {outlier_pct:g}% below: an outlier among "\
                                                            f"{sample.group} hosts)"
@@ -133,8 +166,11 @@ def judge(sample: Sample, group: dict[str, Sample], outlier_pct: float, strict: 
             status, reason = "pass", f"within {outlier_pct:g}% of the fleet median of {_peers(compared)} " \
                                      f"({sample.group}): " + ", ".join(within)
         else:
-            status, reason = "skip", f"no other {sample.group} host to compare with (this run and validate " \
-                                     f"reports of the last {RECENT_DAYS} days)"
+            thresholds["hosts"] = most
+            others = f"only {most}" if most else "no"
+            status, reason = "skip", f"{others} other {sample.group} host{'s' if most > 1 else ''} to compare " \
+                                     f"with, at least {MIN_PEERS} needed (this run and validate reports of the last " \
+                                     f"{RECENT_DAYS} days)"
         if strict and status == "skip":
             status, reason = "fail", f"strict: {reason}"
         results.append({"check": f"fleet.{check}", "status": status, "reason": reason, "figures": figures,

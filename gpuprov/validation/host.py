@@ -14,6 +14,7 @@ from gpuprov.errors import GpuprovError
 from gpuprov.validation import LAYOUT, Layout
 
 TEXTFILE = "gpuprov_validate.prom"
+REPORT_OUTPUT = 65536   # characters of a stopped host's output its report entry keeps (the tail)
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,8 @@ def validate_host(conn, host, options: RunOptions, say: Callable[[str], None] = 
         document = run_suite(remote, suite_command(level=options.level, strict=options.strict,
                                                    only=list(options.only) if options.only else None,
                                                    image=options.image, layout=layout,
-                                                   ulimits=settings.image_ulimits), options.level)
+                                                   ulimits=settings.image_ulimits), options.level,
+                             run.config.get("datasheet"))
         run.suite_seconds = round(time.monotonic() - suite_started, 3)
         run.versions = document.get("versions") or {}
         run.results = document["results"]
@@ -180,6 +182,10 @@ def failed_run(outcome) -> HostValidation:
 
     run.error = outcome.error.to_dict() | {"skipped": outcome.skipped,
                                            "input_error": isinstance(outcome.error, InputError)}
+    output = run.error.get("output")
+    if isinstance(output, str) and len(output) > REPORT_OUTPUT:
+        run.error["output"] = (f"[gpuprov: the first {len(output) - REPORT_OUTPUT} characters of the output are "
+                               f"left out of the report]\n" + output[-REPORT_OUTPUT:])
     run.results = []
     return run
 
@@ -211,9 +217,14 @@ def exit_code(hosts: list[dict]) -> int:
 
 def publish_textfile(conn, text: str, directory: str) -> str:
     """Place the host's Prometheus textfile in node_exporter's textfile folder: a temporary file in that folder,
-    renamed over the old one (node_exporter never reads half a file). Returns its path."""
+    renamed over the old one (node_exporter never reads half a file). Root writes only into a folder root alone
+    can change (no symlink can be swapped in); another is refused. Returns its path."""
     from gpuprov.validation.remote import Remote
 
-    path = f"{directory.rstrip('/')}/{TEXTFILE}"
-    Remote(conn, step="textfile").write_text(text, path, step="textfile")
+    folder = directory.rstrip("/")
+    path = f"{folder}/{TEXTFILE}"
+    Remote(conn, step="textfile").write_text(text, path, step="textfile", hint=(
+        f"root writes the textfile only into a folder root alone can change: make {folder} and every folder above "
+        f"it owned by root and writable by root alone (chown root:root {folder}; chmod 0755 {folder}; node_exporter "
+        "only reads it), or set validate.textfile_dir to such a folder"))
     return path

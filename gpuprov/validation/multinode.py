@@ -9,6 +9,13 @@ named, with why (its cluster address is not its own, the rendezvous is unreachab
 SSH, its suite environment failed). Only when every host joined does torchrun start on all of them at once;
 the all-reduce result is checked (an exact sum) and the bus bandwidth reported. Each host gets a
 `multinode.allreduce` result.
+
+torchrun's c10d store is unauthenticated and its dynamic rendezvous unpickles what the store holds, so: the
+workers run as an unprivileged system user (gpuprov-validate, created on each host, in the video/render group
+where the GPU device files belong to one), and for the run the rendezvous host drops connections to the
+rendezvous port from every address but the joined hosts' (seen by its listener) with an nftables table of its
+own, added before torchrun starts and removed when it ends, also on failure. A rendezvous host without a working
+nft is refused (fail closed): the run does not start there.
 """
 
 from __future__ import annotations
@@ -28,6 +35,9 @@ JOIN_SECONDS = 30
 RUN_TIMEOUT = {"quick": 600, "burn-in": 1800}
 SIZE_MIB = {"cuda": 256, "cpu": 16}
 ITERS = {"quick": 10, "burn-in": 100}
+WORKER_USER = "gpuprov-validate"
+DEVICE_GROUPS = ("video", "render")
+NO_FIREWALL = 97   # the rendezvous host's exit status when the rendezvous port could not be firewalled
 
 LISTENER = r"""
 import json, socket, sys, time
@@ -130,6 +140,52 @@ class Node:
     ulimits: dict | None = None   # its validate.image_ulimits (with --image)
 
 
+def worker_user_script(user: str = WORKER_USER) -> str:
+    """Root, on each node: the workers' system user (created once), in the video/render group where the GPU
+    device files belong to one, and setpriv to switch to it."""
+    q = shlex.quote
+    groups = "|".join(DEVICE_GROUPS)
+    return "\n".join([
+        "set -e",
+        "command -v setpriv >/dev/null || { echo 'setpriv (util-linux) is missing' >&2; exit 1; }",
+        f"id -u {q(user)} >/dev/null 2>&1 || useradd --system --user-group --no-create-home "
+        f"--home-dir /nonexistent --shell /usr/sbin/nologin {q(user)}",
+        f"for g in $(stat -c %G /dev/nvidia* /dev/dri/* 2>/dev/null | sort -u); do case $g in {groups}) "
+        f"id -nG {q(user)} | tr ' ' '\\n' | grep -qx \"$g\" || usermod -aG \"$g\" {q(user)};; esac; done",
+    ])
+
+
+FIREWALL_CHECK = "command -v nft >/dev/null && nft list tables >/dev/null"
+
+
+def firewall_table(port: int) -> str:
+    return f"gpuprov_rdzv_{port}"
+
+
+def firewall_rules(port: int, allowed: list[str]) -> str:
+    """The rendezvous host's nftables table for the run: connections to `port` only from `allowed` (the joined
+    hosts' addresses as its listener saw them) and from the host itself; replaces a table left by an earlier run."""
+    table = firewall_table(port)
+    bare = sorted({address.split("%", 1)[0].removeprefix("::ffff:") for address in allowed})
+    v4, v6 = [a for a in bare if ":" not in a], [a for a in bare if ":" in a]
+    lines = [f"table inet {table}", f"delete table inet {table}", f"table inet {table} {{", "  chain input {",
+             "    type filter hook input priority -5; policy accept;", '    iifname "lo" accept']
+    if v4:
+        lines.append(f"    ip saddr {{ {', '.join(v4)} }} tcp dport {port} accept")
+    if v6:
+        lines.append(f"    ip6 saddr {{ {', '.join(v6)} }} tcp dport {port} accept")
+    return "\n".join([*lines, f"    tcp dport {port} drop", "  }", "}"]) + "\n"
+
+
+def firewall_prefix(port: int, rules: str) -> str:
+    """Shell: load `rules` (or exit NO_FIREWALL), and remove the table when the shell exits, also on a signal."""
+    q = shlex.quote
+    table = firewall_table(port)
+    return (f"printf '%s' {q(rules)} | nft -f - || {{ echo 'gpuprov: cannot firewall the rendezvous port {port} "
+            f"(nft failed)' >&2; exit {NO_FIREWALL}; }}; trap 'nft delete table inet {table} 2>/dev/null' EXIT; "
+            "trap 'exit 143' HUP INT TERM")
+
+
 def worker_source() -> str:
     return resources.files("gpuprov.validation").joinpath("allreduce_worker.py").read_text(encoding="utf-8")
 
@@ -139,9 +195,11 @@ def _py(code: str, *args) -> str:
 
 
 def torchrun_command(node: Node, nodes: list[Node], *, port: int, rdzv_id: str, level: str,
-                     image: str | None = None, layout: Layout = LAYOUT) -> str:
+                     image: str | None = None, layout: Layout = LAYOUT, user: str = WORKER_USER,
+                     firewall: str | None = None) -> str:
     """The torchrun command for one node: c10d rendezvous at the first node's cluster address, which hosts the
-    store (is_host), each node advertising its own cluster address (--local-addr)."""
+    store (is_host), each node advertising its own cluster address (--local-addr); the workers run as `user`.
+    `firewall`: the rules the rendezvous host loads first (firewall_rules), removed when torchrun ends."""
     q = shlex.quote
     first = nodes[0]
     endpoint = f"[{first.cluster_address}]:{port}" if ":" in first.cluster_address else \
@@ -153,23 +211,35 @@ def torchrun_command(node: Node, nodes: list[Node], *, port: int, rdzv_id: str, 
            f"--local_addr={node.cluster_address}", "--max_restarts=0", "allreduce_worker.py",
            "--inventory-name", node.name, "--size-mib", str(SIZE_MIB[node.device]), "--iters", str(ITERS[level])]
     iface = IFACE.format(addr=q(node.cluster_address))
+    run += ["--expect-device", node.device]
+    start = "" if firewall is None else firewall_prefix(port, firewall) + "; "
+    launch = "" if firewall is not None else "exec "
     if image is None:
-        return f"cd {q(layout.multinode)} || exit 1; {iface}; exec {q(layout.python)} " + " ".join(q(a) for a in run)
+        setpriv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", "--no-new-privs", "env",
+                   "HOME=/nonexistent", layout.python, "-E", "-s", "-B"]
+        return (f"cd {q(layout.multinode)} || exit 1; {iface}; {start}{launch}"
+                + " ".join(q(a) for a in [*setpriv, *run]))
     from gpuprov.validation.suite import DOCKER_FLAGS, ulimit_flags
 
+    ids = (f"U=$(id -u {q(user)}) && G=$(id -g {q(user)}) && "
+           f"GA=$(for g in $(id -G {q(user)}); do printf ' --group-add %s' \"$g\"; done) || exit 1")
     docker = ["docker", "run", "--rm", *DOCKER_FLAGS, "--network", "host", *ulimit_flags(node.ulimits),
               "-v", f"{layout.multinode}:{layout.multinode}:ro", "-w", layout.multinode,
-              "-e", "GLOO_SOCKET_IFNAME", "-e", "NCCL_SOCKET_IFNAME", image, "python3", *run]
-    return f"{iface}; exec " + " ".join(q(a) for a in docker)
+              "-e", "GLOO_SOCKET_IFNAME", "-e", "NCCL_SOCKET_IFNAME", "-e", "HOME=/tmp"]
+    return (f"{ids}; {iface}; {start}{launch}" + " ".join(q(a) for a in docker) + ' --user "$U:$G" $GA '
+            + " ".join(q(a) for a in [image, "python3", "-B", *run]))
 
 
 def parse_output(text: str) -> dict | None:
-    """Rank 0's result line, or None."""
+    """Rank 0's result line, checked (gpuprov.validation.document.ALLREDUCE: types, finite numbers, bounds), or
+    None."""
+    from gpuprov.validation.document import allreduce_document
+
     for line in reversed(text.splitlines()):
         if line.startswith(MARK):
             try:
-                return json.loads(line[len(MARK):])
-            except ValueError:
+                return allreduce_document(json.loads(line[len(MARK):]))
+            except (ValueError, RecursionError):   # DocumentError is a ValueError: a malformed line is no result
                 return None
     return None
 
@@ -186,9 +256,10 @@ def result(status: str, reason: str, figures: dict | None = None, nodes: int = 0
 
 def run_multinode(nodes: list[Node], hosts: list, settings, *, jump_of, port: int, level: str,
                   image: str | None = None, layout: Layout = LAYOUT, on_event=lambda host, event: None,
-                  run_on_hosts=None, join_seconds: int = JOIN_SECONDS) -> dict:
-    """Join check, then torchrun on every node at once. Returns {"results": {host: result}, "summary": {...}}.
-    `hosts` are the inventory hosts of `nodes`, in the same order; the first one hosts the rendezvous."""
+                  run_on_hosts=None, join_seconds: int = JOIN_SECONDS, user: str = WORKER_USER) -> dict:
+    """Join check, then torchrun on every node at once, its workers as `user`, the rendezvous port firewalled
+    to the joined hosts. Returns {"results": {host: result}, "summary": {...}}. `hosts` are the inventory hosts
+    of `nodes`, in the same order; the first one hosts the rendezvous."""
     from gpuprov.validation.remote import Remote
 
     if run_on_hosts is None:
@@ -200,10 +271,15 @@ def run_multinode(nodes: list[Node], hosts: list, settings, *, jump_of, port: in
     summary = {"rendezvous": endpoint, "hosts": [n.name for n in nodes], "not_joined": {}, "status": "fail"}
 
     def own(conn):
-        """Phase 1 on every ready host: the worker file in place, and its cluster address really its own."""
+        """Phase 1 on every ready host: the worker file and its user in place, a working nft on the rendezvous
+        host, and its cluster address really its own."""
         node = by_name[conn.host.name]
         remote = Remote(conn, step="multi-node")
         remote.write_text(worker_source(), f"{layout.multinode}/allreduce_worker.py", step="multi-node")
+        remote.run(worker_user_script(user), timeout=120, step="multi-node worker user")
+        if node is first and remote.run(FIREWALL_CHECK, timeout=60, check=False).rc != 0:
+            return {"error": f"cannot firewall the rendezvous port {port}: nft is missing or does not work (install "
+                             "nftables; the rendezvous does not start unfirewalled)"}
         out = remote.run(_py(OWN_ADDRESS, node.cluster_address), sudo=False, timeout=60, step="multi-node join")
         return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -222,6 +298,7 @@ def run_multinode(nodes: list[Node], hosts: list, settings, *, jump_of, port: in
     ready = [n for n in nodes if n.ready]
     not_joined = {n.name: n.problem or "its validation did not reach the suite" for n in nodes if not n.ready}
     joining: list[Node] = []
+    seen: dict[str, str] = {}   # name: the address the rendezvous host saw it connect from
     if first.ready:
         for outcome in run_on_hosts([h for h in hosts if by_name[h.name].ready], own, settings, jump_of=jump_of,
                                     on_event=on_event):
@@ -235,6 +312,7 @@ def run_multinode(nodes: list[Node], hosts: list, settings, *, jump_of, port: in
         outcomes = {o.host.name: o for o in run_on_hosts([h for h in hosts if by_name[h.name] in joining], join,
                                                          settings, jump_of=jump_of, on_event=on_event)}
         listener = outcomes[first.name]
+        seen = dict(listener.value.get("joined") or {}) if listener.ok else {}
         if not listener.ok:
             not_joined[first.name] = f"the rendezvous host failed: {listener.error.message}"
         elif listener.value.get("error"):
@@ -255,15 +333,24 @@ def run_multinode(nodes: list[Node], hosts: list, settings, *, jump_of, port: in
         return {"results": {n.name: result("fail", reason, nodes=len(nodes)) for n in nodes}, "summary": summary}
 
     rdzv_id = f"gpuprov-{secrets.token_hex(4)}"
+    rules = firewall_rules(port, list(seen.values()))
+    summary["firewall"] = {"host": first.name, "table": f"inet {firewall_table(port)}",
+                           "allowed": sorted(seen.values())}
 
     def torchrun(conn):
         node = by_name[conn.host.name]
         command = torchrun_command(node, nodes, port=port, rdzv_id=rdzv_id, level=level, image=image,
-                                   layout=layout)
+                                   layout=layout, user=user, firewall=rules if node is first else None)
         out = Remote(conn, step="multi-node").run(command, timeout=RUN_TIMEOUT[level], check=False)
         return {"rc": out.rc, "output": out.stdout + "\n" + out.stderr}
 
+    def unfirewall(conn):
+        Remote(conn, step="multi-node").run(f"nft delete table inet {firewall_table(port)} 2>/dev/null || true",
+                                            timeout=60)
+
     outcomes = run_on_hosts(hosts, torchrun, settings, jump_of=jump_of, on_event=on_event)
+    if not outcomes[0].ok:   # its shell may not have reached its exit trap: remove the table from here
+        run_on_hosts(hosts[:1], unfirewall, settings, jump_of=jump_of, on_event=on_event)
     found = None
     failures = {}
     for outcome in outcomes:
@@ -276,14 +363,17 @@ def run_multinode(nodes: list[Node], hosts: list, settings, *, jump_of, port: in
     world = sum(n.nproc for n in nodes)
     if found is None or failures:
         reason = "torchrun failed: " + ("; ".join(f"{name}: {why}" for name, why in failures.items())
-                                        or "no node printed the all-reduce result")
+                                        or "no node printed a valid all-reduce result")
         summary["reason"] = reason
         return {"results": {n.name: result("fail", reason, nodes=len(nodes)) for n in nodes}, "summary": summary}
     figures = {"nodes": len(found.get("nodes", [])), "world_size": found["world_size"], "backend": found["backend"],
                "busbw_gbs": found["busbw_gbs"], "algbw_gbs": found["algbw_gbs"], "size_bytes": found["size_bytes"],
                "wrong_elements": found["wrong_elements"]}
     missing = sorted(set(by_name) - set(found.get("nodes", [])))
-    if missing or found["world_size"] != world:
+    summary["worker_uids"] = found.get("uids")
+    if user != "root" and 0 in (found.get("uids") or [0]):
+        status, reason = "fail", f"the workers ran as root, not as {user}"
+    elif missing or found["world_size"] != world:
         status, reason = "fail", (f"{found['world_size']} of {world} processes took part; missing: "
                                   f"{', '.join(missing) or 'processes of joined hosts'}")
     elif found["wrong_elements"]:

@@ -9,10 +9,9 @@ import shlex
 from importlib import resources
 
 from gpuprov.errors import GpuprovError
-from gpuprov.smoke.core import STATUSES
 from gpuprov.validation import LAYOUT, Layout
 
-SCHEMA = 1
+OUTPUT_TAIL = 16384   # characters of a failed run's output kept in its error (the tail)
 TIMEOUTS = {"quick": 900, "burn-in": 5400}   # seconds for the whole suite; each check has its own timeout
 # NVIDIA's flags for PyTorch containers: the GPUs, the host's IPC namespace (DataLoader shared memory), unlimited
 # locked memory (pinned buffers, NCCL) and a 64 MiB stack. The ulimits can be changed per host (validate.image_ulimits).
@@ -50,31 +49,46 @@ def files_digest(files: dict[str, bytes]) -> str:
     return digest.hexdigest()
 
 
+def suite_archive(files: dict[str, bytes]) -> str:
+    """The suite as a base64 tar (root-owned, 0644 files), for a root command's stdin."""
+    import base64
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name in sorted(files):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(files[name]), 0o644, 0
+            archive.addfile(info, io.BytesIO(files[name]))
+    return base64.encodebytes(buffer.getvalue()).decode()
+
+
 def push_suite(remote, current: str | None, layout: Layout = LAYOUT, files: dict[str, bytes] | None = None) -> bool:
-    """Put the suite at layout.smoke unless the host has this version already (its digest marker); the new
-    copy is staged, then swapped in with renames. Returns whether it was copied."""
+    """Put the suite at layout.smoke unless the host has this version already (its digest marker). It travels
+    on a root command's stdin into a root-only staging folder (nothing the SSH user can write), its files'
+    SHA-256 are checked there as root, then it is swapped in with renames. Returns whether it was copied."""
     files = smoke_files() if files is None else files
     digest = files_digest(files)
     if current == digest:
         return False
+    from gpuprov.validation.remote import Remote
+
     q = shlex.quote
-    remote.user_folder(layout.incoming, mode="0700")
-    stage = f"{layout.incoming}/smoke.{digest[:12]}"
-    folders = [stage, *(f"{stage}/{f}" for f in sorted({name.rsplit("/", 1)[0] for name in files if "/" in name}))]
-    remote.run(f"rm -rf {q(stage)} && mkdir -p " + " ".join(q(f) for f in folders), sudo=False, timeout=60,
-               step="copy suite")
-    for name, data in files.items():
-        remote.put_bytes(data, f"{stage}/{name}")
+    sums = "".join(f"{hashlib.sha256(data).hexdigest()}  {name}\n" for name, data in sorted(files.items()))
     old = f"{layout.smoke}.old"
-    remote.run("\n".join([
-        "set -e",
-        f"printf '%s\\n' {q(digest)} > {q(stage)}/.gpuprov-digest",
-        f"chown -R 0:0 {q(stage)} && chmod -R u=rwX,go=rX {q(stage)}",
+    remote.guarded("\n".join([
+        "set -e", Remote.root_folder_script(layout.root), "umask 077",
+        f"stage=$(mktemp -d {q(layout.root + '/.smoke.XXXXXX')})", "trap 'rm -rf \"$stage\"' EXIT",
+        'base64 -d | tar -x --no-same-owner --no-same-permissions -C "$stage"',
+        f"(cd \"$stage\" && sha256sum -c --strict --quiet >&2) <<'GPUPROV-SUMS'\n{sums}GPUPROV-SUMS",
+        f"printf '%s\\n' {q(digest)} > \"$stage/.gpuprov-digest\"",
+        'chmod -R u=rwX,go=rX "$stage"',
         f"rm -rf {q(old)}",
         f"if [ -e {q(layout.smoke)} ]; then mv {q(layout.smoke)} {q(old)}; fi",
-        f"mv {q(stage)} {q(layout.smoke)}",
+        f"mv \"$stage\" {q(layout.smoke)}", "trap - EXIT",
         f"rm -rf {q(old)}",
-    ]), timeout=120, step="copy suite")
+    ]), layout.root, stdin=suite_archive(files), timeout=120, step="copy suite")
     return True
 
 
@@ -92,49 +106,50 @@ def suite_command(*, level: str, strict: bool, only: list[str] | None = None, im
     args = ["-m", "smoke", "--config", layout.config, "--level", level, *(["--strict"] if strict else []),
             *(["--only", ",".join(only)] if only else [])]
     if image is None:
-        return f"cd {q(layout.root)} && PYTHONDONTWRITEBYTECODE=1 {q(layout.python)} " + " ".join(q(a) for a in args)
+        return f"cd {q(layout.root)} && {q(layout.python)} -E -s -B " + " ".join(q(a) for a in args)
     docker = ["docker", "run", "--rm", *DOCKER_FLAGS, *ulimit_flags(ulimits), "-v", f"{layout.smoke}:{layout.smoke}:ro",
               "-v", f"{layout.run}:{layout.run}:ro", "-w", layout.root, "-e", "PYTHONDONTWRITEBYTECODE=1",
               image, "python3", *args]
     return " ".join(q(a) for a in docker)
 
 
-def run_suite(remote, command: str, level: str) -> dict:
-    """Run the suite (as root) and return its document; a run that prints no valid document is an error."""
+def run_suite(remote, command: str, level: str, datasheet: dict | None = None) -> dict:
+    """Run the suite (as root) and return its document, checked against `datasheet` (the suite config's); a run
+    that prints no valid document is an error."""
     result = remote.run(command, timeout=TIMEOUTS[level], step="suite", check=False)
-    return parse_document(remote.name, result.stdout, result.stderr, result.rc, result.shown_command())
+    return parse_document(remote.name, result.stdout, result.stderr, result.rc, result.shown_command(), datasheet)
 
 
-def parse_document(host: str, stdout: str, stderr: str = "", rc: int = 0, command: str = "") -> dict:
-    """The suite's JSON document, checked: schema, and every result with a check name, a known status and a
-    reason. The runner exits non-zero when a check failed, so the exit code alone decides nothing."""
-    def fail(why: str) -> GpuprovError:
+def parse_document(host: str, stdout: str, stderr: str = "", rc: int = 0, command: str = "",
+                   datasheet: dict | None = None) -> dict:
+    """The suite's JSON document (its last line when something printed before it), checked strictly
+    (gpuprov.validation.document: types, finite numbers, known statuses, bounded sizes, figures within the GPU's
+    datasheet). The runner exits non-zero when a check failed, so the exit code alone decides nothing. Anything
+    else is a GpuprovError of the host, with the tail of its output."""
+    from gpuprov.connection import output_cut
+    from gpuprov.validation.document import DocumentError, suite_document
+
+    def fail(why: str, hint: str = "read the output above; a missing module means the venv or image lacks it"):
+        cut = output_cut(stdout)
+        if cut:
+            why += f"; its output was cut: the first {cut} bytes were dropped"
+        output = (stderr + "\n" + stdout).strip()
         return GpuprovError(f"the suite printed no valid result document ({why}); exit {rc}", host=host,
-                            step="suite", command=command, output=(stderr + "\n" + stdout).strip(),
-                            hint="read the output above; a missing module means the venv or image lacks it")
+                            step="suite", command=command, output=output[-OUTPUT_TAIL:], hint=hint)
 
     text = stdout.strip()
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        start = text.rfind("\n{")
+    doc = None
+    for candidate in (text, text[text.rfind("\n{") + 1:] if "\n{" in text else None):
         try:
-            doc = json.loads(text[start + 1:]) if start >= 0 else None
-        except ValueError:
+            doc = json.loads(candidate) if candidate else None
+        except (ValueError, RecursionError):
             doc = None
+        if isinstance(doc, dict):
+            break
     if not isinstance(doc, dict):
-        raise fail("not JSON")
-    if doc.get("schema") != SCHEMA:
-        raise fail(f"schema {doc.get('schema')!r}, expected {SCHEMA}")
-    results = doc.get("results")
-    if not isinstance(results, list):
-        raise fail("no results list")
-    for item in results:
-        if not isinstance(item, dict) or not isinstance(item.get("check"), str) or \
-                item.get("status") not in STATUSES or not isinstance(item.get("reason"), str):
-            raise fail(f"bad result {item!r:.200}")
-        item.setdefault("figures", {})
-        item.setdefault("thresholds", {})
-        item.setdefault("seconds", 0.0)
-    doc.setdefault("versions", {})
-    return doc
+        raise fail("not a JSON object")
+    try:
+        return suite_document(doc, datasheet)
+    except DocumentError as exc:
+        raise fail(str(exc), hint="the host's suite (or what runs it) was changed, or measured wrong: check it, "
+                                  "then validate again") from None

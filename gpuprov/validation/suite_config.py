@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuprov.errors import InputError
+from gpuprov.inventory.checks import MAX_SECONDS, number_problem, shared_folder_problem, url_problem
+from gpuprov.secrets import register_url
 
 WORKLOADS = ("llm-finetune", "cv", "recsys", "inference")
 LEVELS = ("quick", "burn-in")
@@ -98,10 +100,9 @@ def _bad(host, key: str, message: str) -> InputError:
 
 
 def _number(host, key: str, value: Any, low: float, high: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= low or (
-            high is not None and value > high):
-        upper = f" and at most {high:g}" if high is not None else ""
-        raise _bad(host, key, f"must be a number above {low:g}{upper}, not {value!r}")
+    problem = number_problem(value, low, high)
+    if problem:
+        raise _bad(host, key, problem)
     return float(value)
 
 
@@ -109,6 +110,18 @@ def _path(host, key: str, value: Any) -> str:
     if not isinstance(value, str) or not _PATH.fullmatch(value) or "/../" in f"{value}/":
         raise _bad(host, key, f"must be an absolute path (letters, digits, _ . + @ / -), not {value!r}")
     return value.rstrip("/") or "/"
+
+
+def _textfile_dir(host, value: Any) -> str:
+    """node_exporter's textfile folder: root writes into it and node_exporter publishes what it holds, so a
+    folder anyone may write into (/tmp, /var/tmp, /dev/shm) is refused: another user could plant metrics for
+    this host or swap the file for a link."""
+    folder = _path(host, "validate.textfile_dir", value)
+    problem = shared_folder_problem(folder)
+    if problem:
+        raise _bad(host, "validate.textfile_dir", f"{problem}; give a folder only root writes, like "
+                                                  f"{DEFAULT_TEXTFILE_DIR}")
+    return folder
 
 
 def validate_vars(host) -> ValidateVars:
@@ -140,7 +153,7 @@ def validate_vars(host) -> ValidateVars:
     if "outlier_pct" in raw:
         out["outlier_pct"] = _number(host, "validate.outlier_pct", raw["outlier_pct"], 0, 100)
     if "textfile_dir" in raw:
-        out["textfile_dir"] = _path(host, "validate.textfile_dir", raw["textfile_dir"])
+        out["textfile_dir"] = _textfile_dir(host, raw["textfile_dir"])
     if raw.get("image") is not None:
         if not isinstance(raw["image"], str) or not IMAGE_PATTERN.fullmatch(raw["image"]):
             raise _bad(host, "validate.image", f"must be an image reference like repo/name:tag, not "
@@ -153,7 +166,8 @@ def validate_vars(host) -> ValidateVars:
             raise _bad(host, "validate.image_ulimits", "must be a mapping of ulimit names (memlock, stack, nofile) "
                                                        "to numbers")
         for name, value in limits.items():
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < -1):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not
+                                      -1 <= value < 2**63):
                 raise _bad(host, f"validate.image_ulimits.{name}", f"must be a whole number (-1: unlimited) or "
                                                                     f"null (the engine's default), not {value!r}")
         out["image_ulimits"] = dict(limits)
@@ -171,9 +185,9 @@ def validate_vars(host) -> ValidateVars:
         out["torch_version"] = text
     if "torch_index" in raw:
         index = raw["torch_index"]
-        if index is not None and (not isinstance(index, str) or (index and not re.fullmatch(
-                r"(https?|file)://[^\s'\"]+", index))):
-            raise _bad(host, "validate.torch_index", f"must be an http(s) or file URL, or \"\", not {index!r}")
+        if index is not None and not (isinstance(index, str) and (index == "" or url_problem(index) is None)):
+            raise _bad(host, "validate.torch_index", f"must be an http:// or https:// URL, or \"\", not {index!r}")
+        register_url(index)   # its credentials are masked in every output from now on
         out["torch_index"] = index
     if "rdzv_port" in raw:
         port = raw["rdzv_port"]
@@ -185,9 +199,10 @@ def validate_vars(host) -> ValidateVars:
         if not isinstance(sizing, dict) or set(sizing) - set(SIZING_KEYS):
             raise _bad(host, "validate.sizing", f"must be a mapping with keys among {', '.join(SIZING_KEYS)}")
         out["sizing"] = {key: _number(host, f"validate.sizing.{key}", value, 0) for key, value in sizing.items()}
-    for key in ("min_batching_gain", "burn_in_seconds"):
-        if raw.get(key) is not None:
-            out[key] = _number(host, f"validate.{key}", raw[key], 0)
+    if raw.get("min_batching_gain") is not None:
+        out["min_batching_gain"] = _number(host, "validate.min_batching_gain", raw["min_batching_gain"], 0)
+    if raw.get("burn_in_seconds") is not None:
+        out["burn_in_seconds"] = _number(host, "validate.burn_in_seconds", raw["burn_in_seconds"], 0, MAX_SECONDS)
     if raw.get("dcgm_level") is not None:
         level = raw["dcgm_level"]
         if isinstance(level, bool) or level not in (1, 2, 3, 4):
@@ -202,8 +217,11 @@ def validate_vars(host) -> ValidateVars:
     if data_dir is not None:
         data_dir = _path(host, "data_dir", data_dir)
     cluster = host.vars.get("cluster_address", host.address)
-    if not is_valid_address(cluster):
-        raise _bad(host, "cluster_address", f"must be an IP address or host name, not {cluster!r}")
+    # the SSH address may carry its interface (fe80::1%eth0, checked by the inventory); one given for the
+    # cluster is dialled by the other hosts, where this host's interface name means nothing
+    if not is_valid_address(cluster, zone="cluster_address" not in host.vars):
+        raise _bad(host, "cluster_address", f"must be an IP address or host name (with no IPv6 zone: other "
+                                              f"hosts reach it), not {cluster!r}")
     return ValidateVars(**out, workload=workload, data_dir=data_dir, cluster_address=cluster,
                         sources=dict(host.sources))
 

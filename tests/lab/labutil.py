@@ -58,10 +58,22 @@ def snapshot(lab, name: str) -> str:
 
 def docker_networks(network: str) -> tuple[str, str]:
     """(the default bridge's gateway: where the controller's SSH connections come from as lab hosts see them,
-    the subnet of `network`), as Docker describes them."""
+    the subnet of `network`), as a running lab host's own routing table shows them: the gateway of its default
+    route, and its route into the lab's address plan (`gpuprov.lab.hosts.SUBNETS`, the subnets the lab creates
+    `network` with). Docker's IPAM block is not read: some engines leave its Gateway out."""
     import docker
 
+    from gpuprov.lab.hosts import SUBNETS
+    from gpuprov.lab.labels import HOST_ROLE, LABEL_FILTER, ROLE_LABEL
+
     client = docker.from_env()
-    bridge = client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
-    internal = client.networks.get(network).attrs["IPAM"]["Config"][0]["Subnet"]
-    return bridge, internal
+    running = client.containers.list(filters={"label": [LABEL_FILTER, f"{ROLE_LABEL}={HOST_ROLE}"],
+                                              "network": [network], "status": "running"})
+    assert running, f"no lab host runs on {network}"
+    result = running[0].exec_run(["ip", "-json", "-4", "route", "show"])
+    assert result.exit_code == 0, result.output
+    routes = json.loads(result.output)
+    gateways = [r["gateway"] for r in routes if r["dst"] == "default" and "gateway" in r]
+    internal = [r["dst"] for r in routes if r["dst"] in SUBNETS]
+    assert len(gateways) == 1 and len(internal) == 1, f"{running[0].name}'s routes: {routes}"
+    return gateways[0], internal[0]

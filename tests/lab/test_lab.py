@@ -3,16 +3,20 @@ and a `lab.down` that removes only what the lab made."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import threading
+import time
 import uuid
 
 import paramiko
 import pytest
 import yaml
+from labutil import docker_networks
 
 import gpuprov.lab
 from gpuprov.lab import profiles as lab_profiles
-from gpuprov.lab.labels import LABEL
+from gpuprov.lab.labels import LABEL, LABELS, NETWORK
 
 pytestmark = pytest.mark.lab
 
@@ -145,6 +149,68 @@ def test_unknown_host_is_bad_input(lab):
 
     with pytest.raises(InputError):
         gpuprov.lab.stop_host("gpuprov-lab-99")
+
+
+def test_the_networks_the_tests_firewall_for_are_the_ones_lab_hosts_see(lab):
+    """labutil.docker_networks (the SSH sources of the harden and monitoring tests): its gateway is where the
+    controller's SSH connections come from on every host (sshd's SSH_CONNECTION), and its internal subnet holds
+    each host's own address on the internal network."""
+    gateway, internal = docker_networks(NETWORK)
+    for host in lab.hosts:
+        with connect(lab, host) as client:
+            rc, out, err = run(client, "echo $SSH_CONNECTION; hostname -I")
+        assert rc == 0, err
+        connection, addresses = out.splitlines()
+        assert connection.split()[0] == gateway
+        assert [a for a in addresses.split() if ipaddress.ip_address(a) in ipaddress.ip_network(internal)] == [
+            host.internal_ip]
+
+
+def test_a_removal_the_engine_still_runs_is_waited_out(lab):
+    """What a `lab.down` cut short (Ctrl-C, a timeout) leaves: the engine still removing a container (here one
+    whose writable layer holds many files, so that the removal lasts). Removing it again meets Docker's 409
+    "already in progress" (what `lab.up --fresh` failed on), waits that removal out, and returns once the
+    container is gone."""
+    import docker
+
+    from gpuprov.lab.removal import remove_container
+
+    client = docker.from_env()
+    name = f"gpuprov-lab-removal-{uuid.uuid4().hex[:8]}"
+    container = client.containers.run(lab.image, ["sleep", "infinity"], name=name, labels=LABELS,
+                                      network_mode="none", detach=True)
+    filled = container.exec_run(["sh", "-c", "mkdir /fill && cd /fill && seq 150000 | xargs touch"])
+    assert filled.exit_code == 0, filled.output
+    failures = []
+
+    def cut_short_down():   # the removal the interrupted `lab.down` asked for: the engine goes on with it
+        try:
+            client.api.remove_container(container.id, force=True, v=True)
+        except docker.errors.APIError as exc:
+            failures.append(exc)
+
+    def status() -> str:
+        try:
+            return client.api.inspect_container(container.id)["State"]["Status"]
+        except docker.errors.NotFound:
+            return "gone"
+
+    engine = threading.Thread(target=cut_short_down)
+    engine.start()
+    try:
+        deadline = time.monotonic() + 60
+        while (now := status()) != "removing":
+            assert now != "gone" and time.monotonic() < deadline, f"the removal never showed as in progress: {now}"
+            time.sleep(0.01)
+        with pytest.raises(docker.errors.APIError, match="already in progress"):
+            container.remove(force=True, v=True)
+        remove_container(container)
+        assert status() == "gone"
+    finally:
+        engine.join(timeout=300)
+        if status() != "gone":
+            client.api.remove_container(container.id, force=True, v=True)
+    assert failures == []
 
 
 def test_down_removes_only_labelled_things_then_up_again(lab):

@@ -163,7 +163,11 @@ def test_mirror_serves_standins_and_simulates_driver_upgrade(lab, mirror_host):
     assert csv.splitlines() == [f"NVIDIA H100 80GB HBM3, {old.upstream}"] * 8
 
     assert f"version is : {old.upstream}" in ok(host, "nv-fabricmanager --version")
-    ok(host, "systemctl start nvidia-fabricmanager && sleep 1 && systemctl is-active nvidia-fabricmanager")
+    # started, and past its driver check: its main process is the `sleep` the stand-in execs once the loaded
+    # driver matches (polled, bounded: it refuses by exiting, so "active" alone may be seen before it exits)
+    main = "cat /proc/$(systemctl show -p MainPID --value nvidia-fabricmanager)/comm 2>/dev/null"
+    ok(host, f"systemctl start nvidia-fabricmanager && for i in $(seq 100); do [ \"$({main})\" = sleep ] && break; "
+             f"sleep 0.1; done; systemctl is-active nvidia-fabricmanager && [ \"$({main})\" = sleep ]")
     assert ok(host, "nvidia-ctk --version").startswith(f"NVIDIA Container Toolkit CLI version {ctk.upstream}")
     ok(host, "mkdir -p /etc/docker && echo '{\"log-driver\": \"json-file\"}' > /etc/docker/daemon.json")
     ok(host, "nvidia-ctk runtime configure --runtime=docker")

@@ -1,12 +1,14 @@
 """`invoke monitoring.*` against lab hosts over real SSH, judged by a real Prometheus (Debian's package, installed by
-`monitoring.server` on a lab host) through its HTTP API: exporters up, textfile metrics from validate and the drift
-timer, an alert firing on a simulated driver/library mismatch, a host added without a Prometheus restart, every
-dashboard query answered, idle GPUs with their cost, and the exporter ports closed outside the monitoring network
-on a hardened host. The tests run in file order on shared hosts."""
+`monitoring.server` on a lab host) through its HTTP API: exporters up, a textfile folder only root writes, Prometheus
+on the monitoring address only, a host's textfile that cannot speak for another host, textfile metrics from validate
+and the drift timer, an alert firing on a simulated driver/library mismatch, a host added without a Prometheus
+restart, every dashboard query answered, idle GPUs with their cost, and the exporter ports closed outside the
+monitoring network on a hardened host. The tests run in file order on shared hosts."""
 
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -119,6 +121,19 @@ def test_a_second_deploy_changes_nothing(fleet):
                                                                              (fleet.b, "unchanged", [])]
 
 
+def test_a_textfile_folder_others_could_write_is_made_root_only_again(fleet):
+    """Everything in the folder is a metric of the host: only root may write there."""
+    folder = "/var/lib/prometheus/node-exporter"
+    on_host(fleet.lab, fleet.b, f"chown prometheus:prometheus {folder} && chmod 0777 {folder}")
+    (host,) = run_json(fleet, "monitoring.deploy", "--host", fleet.b)["hosts"]
+    assert host["status"] == "changed" and [c["summary"] for c in host["plan"]] == [
+        f"make (directory prometheus:prometheus 777 now) {folder} root:root 0755 (only root writes this host's "
+        "metrics)"], host
+    assert on_host(fleet.lab, fleet.b, f"stat -c '%U:%G %a' {folder}").strip() == "root:root 755"
+    (host,) = run_json(fleet, "monitoring.deploy", "--host", fleet.b)["hosts"]
+    assert host["status"] == "unchanged"
+
+
 def test_validate_writes_its_textfile(fleet):
     proc = invoke("validate", "--inventory", str(fleet.two), "--host", fleet.b, "--only", "host,perf", "--json",
                   env=fleet.env, check_code=None)
@@ -143,6 +158,42 @@ def test_the_server_scrapes_every_exporter(fleet):
         # the target labels come from the inventory
         labels = prom.query(f'up{{job="gpuprov-node", host="{fleet.b}"}}')[0]["metric"]
         assert labels["gpu_model"] == "L40S" and labels["cost_per_hour"] == "12.0" and ",l40s," in labels["groups"]
+
+
+def reaches(fleet: Fleet, source: str, address: str, port: int) -> bool:
+    """Whether lab host `source` opens a TCP connection to address:port."""
+    out = on_host(fleet.lab, source, f"nc -z -w 3 {address} {port}; echo rc=$?", check=False)
+    return out.strip().endswith("rc=0")
+
+
+def test_prometheus_listens_on_the_monitoring_address_only(fleet):
+    """The monitoring address is host a's internal IP: Prometheus is reached there, and not on 127.0.0.1 or host
+    a's other interface (the lab's default bridge)."""
+    internal = fleet.lab.host(fleet.a).internal_ip
+    listening = on_host(fleet.lab, fleet.a, "ss -Htln | awk '{print $4}'").split()
+    assert [address for address in listening if address.endswith(":9090")] == [f"{internal}:9090"], listening
+    assert reaches(fleet, fleet.b, internal, 9090)
+    others = [address for address in on_host(fleet.lab, fleet.a, "hostname -I").split() if address != internal]
+    assert others, "host a has no address besides its internal one"
+    for address in ("127.0.0.1", *others):
+        assert not reaches(fleet, fleet.a, address, 9090), address
+
+
+def test_a_hosts_textfile_cannot_speak_for_another_host(fleet):
+    """Host b's textfile claims host a's `host` label: Prometheus stores the series under host b."""
+    forged = "/var/lib/prometheus/node-exporter/gpuprov-lab-forged.prom"
+    line = f'gpuprov_lab_forged{{host="{fleet.a}"}} 1'
+    on_host(fleet.lab, fleet.b, f"printf '%s\\n' {shlex.quote(line)} > {forged}")
+    try:
+        with prometheus(fleet) as prom:
+            wait_until(prom, "the forged series scraped", lambda: bool(prom.query("gpuprov_lab_forged")))
+            (row,) = prom.query("gpuprov_lab_forged")
+            assert row["metric"]["host"] == fleet.b, row
+            assert row["metric"]["instance"] == f"{fleet.lab.host(fleet.b).internal_ip}:9100"
+            assert not [key for key in row["metric"] if key.startswith("exported_")], row
+            assert prom.query(f'{{host="{fleet.a}", __name__="gpuprov_lab_forged"}}') == []
+    finally:
+        on_host(fleet.lab, fleet.b, f"rm -f {forged}")
 
 
 def test_textfile_metrics_of_validate_and_drift_reach_prometheus(fleet):
@@ -255,12 +306,10 @@ def test_exporter_ports_are_closed_outside_the_monitoring_network_on_a_hardened_
     (run,) = json.loads(proc.stdout)["hosts"]
     assert run["status"] == "changed" and run["guard"]["result"] == "confirmed", run
 
-    def reaches(source: str, port: int) -> bool:
-        out = on_host(fleet.lab, source, f"nc -z -w 3 {ips[fleet.b]} {port}; echo rc=$?", check=False)
-        return out.strip().endswith("rc=0")
-
-    assert reaches(fleet.a, 9100) and reaches(fleet.a, 9400)           # the monitoring host
-    assert not reaches(fleet.c, 9100) and not reaches(fleet.c, 9400)   # any other host
+    assert reaches(fleet, fleet.a, ips[fleet.b], 9100) and reaches(fleet, fleet.a, ips[fleet.b], 9400)   # monitoring
+    assert not reaches(fleet, fleet.c, ips[fleet.b], 9100) and not reaches(fleet, fleet.c, ips[fleet.b], 9400)
+    hardened = time.time()   # lab hosts share this machine's clock
     with prometheus(fleet) as prom:   # still scraped after the firewall went up
-        time.sleep(12)
+        wait_until(prom, "a scrape of host b after the firewall went up", lambda: min(
+            values(prom, f'timestamp(up{{host="{fleet.b}"}})').values() or [0.0]) > hardened)
         assert set(values(prom, f'up{{host="{fleet.b}"}}').values()) == {1.0}

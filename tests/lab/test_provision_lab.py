@@ -5,6 +5,7 @@ The tests run in file order and share the hosts: bare -> dry run -> provisioned 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -90,23 +91,61 @@ def test_stack_check_finds_planted_mismatches_and_provision_mends_them(fleet):
     invoke("stack.check", "--host", name, env=env)
 
 
-def remove_nccl_dev_and_hold_the_lock(state, name: str, seconds: int) -> None:
-    """Leave work for provision (a removed package) and hold dpkg's lock as unattended-upgrades would."""
+DPKG_LOCK = "/var/lib/dpkg/lock-frontend"
+
+
+def remove_nccl_dev_and_hold_the_lock(state, name: str) -> None:
+    """Leave work for provision (a removed package) and hold dpkg's lock as unattended-upgrades would, until the
+    test lets go (`pkill -f fcntl.lockf`); returns once the lock is held."""
     on_host(state, name, "apt-mark unhold libnccl-dev >/dev/null && dpkg -r libnccl-dev >/dev/null")
-    hold = ("import fcntl, time; f = open('/var/lib/dpkg/lock-frontend', 'w'); "
-            f"fcntl.lockf(f, fcntl.LOCK_EX); time.sleep({seconds})")
+    hold = (f"import fcntl, time; f = open('{DPKG_LOCK}', 'a'); "
+            "fcntl.lockf(f, fcntl.LOCK_EX); time.sleep(3600)")
     subprocess.run(["docker", "exec", "-d", state.host(name).container_id, "python3", "-c", hold], check=True)
+    # held: another process cannot take it (the probe's own lock, when it gets one, ends with it)
+    probe = (f"python3 -c \"import fcntl; fcntl.lockf(open('{DPKG_LOCK}', 'a'), fcntl.LOCK_EX | fcntl.LOCK_NB)\" "
+             "2>/dev/null; echo rc=$?")
+    deadline = time.monotonic() + 60
+    while on_host(state, name, probe).strip() == "rc=0":
+        assert time.monotonic() < deadline, f"the lock holder never took {DPKG_LOCK}"
+        time.sleep(0.2)
+
+
+def start_provision(env: dict, name: str) -> subprocess.Popen:
+    """`invoke provision --host NAME --json` in the background."""
+    from gpuprov.lab.state import LabPaths
+
+    return subprocess.Popen([sys.executable, "-m", "invoke", "provision", "--host", name, "--inventory",
+                             str(LabPaths(ROOT).inventory), "--json"], cwd=ROOT, env={**os.environ, **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_apt_install(state, name: str, proc: subprocess.Popen) -> None:
+    """Until the host runs `apt-get ... install` (bounded; the run must still be going)."""
+    deadline = time.monotonic() + 120
+    while not re.search(r"^apt-get .* install ", on_host(state, name, "ps -eo args", check=False), re.M):
+        assert time.monotonic() < deadline and proc.poll() is None, "provision never reached apt-get install"
+        time.sleep(0.3)
 
 
 def test_held_apt_lock_is_waited_out(fleet):
+    """Provision reaches `apt-get install` while another process holds dpkg's lock and waits there (nothing
+    installed, the run going on), then completes once the lock is let go."""
     state, env = fleet
     name = state.hosts[1].name
-    remove_nccl_dev_and_hold_the_lock(state, name, seconds=8)
-    time.sleep(1)
-    started = time.monotonic()
-    run = by_host(provision(env, "--host", name))[name]
-    assert run["status"] == "changed" and time.monotonic() - started > 5
-    assert run["facts_after"]["packages"].get("libnccl-dev")
+    remove_nccl_dev_and_hold_the_lock(state, name)
+    proc = start_provision(env, name)
+    try:
+        wait_for_apt_install(state, name, proc)
+        status = on_host(state, name, "dpkg-query -W -f='${db:Status-Abbrev}' libnccl-dev", check=False)
+        assert not status.startswith("ii") and proc.poll() is None
+        on_host(state, name, "pkill -f '[f]cntl.lockf'")   # the other process lets go
+        out, err = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+        on_host(state, name, "pkill -f fcntl.lockf", check=False)
+    assert proc.returncode == 0, out + err
+    run = by_host(json.loads(out))[name]
+    assert run["status"] == "changed" and run["facts_after"]["packages"].get("libnccl-dev")
 
 
 def test_killed_connection_mid_apply_then_rerun_converges(fleet):
@@ -114,17 +153,10 @@ def test_killed_connection_mid_apply_then_rerun_converges(fleet):
     for the lock) when its connection is cut: no race with a fast host."""
     state, env = fleet
     name = state.hosts[2].name
-    remove_nccl_dev_and_hold_the_lock(state, name, seconds=3600)
-    from gpuprov.lab.state import LabPaths
-
-    proc = subprocess.Popen([sys.executable, "-m", "invoke", "provision", "--host", name, "--inventory",
-                             str(LabPaths(ROOT).inventory)], cwd=ROOT, env={**os.environ, **env},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    remove_nccl_dev_and_hold_the_lock(state, name)
+    proc = start_provision(env, name)
     try:
-        deadline = time.monotonic() + 120
-        while not re.search(r"^apt-get .* install ", on_host(state, name, "ps -eo args", check=False), re.M):
-            assert time.monotonic() < deadline and proc.poll() is None, "provision never reached apt-get install"
-            time.sleep(0.3)
+        wait_for_apt_install(state, name, proc)
         on_host(state, name, "pkill -f '^sshd: root@notty'")  # the connection drops mid-apply
         out, err = proc.communicate(timeout=120)
     finally:

@@ -42,7 +42,8 @@ def test_firewall_controls_pass_on_the_loaded_ruleset(tmp_path):
     assert firewall_results(tmp_path, loaded, loaded, ruleset) == {
         "firewall-loaded": ("pass", "matches the inventory"), "firewall-persisted": ("pass", "matches the inventory"),
         "firewall-inbound-drop": ("pass", "drop"), "firewall-docker-published": ("pass", "present"),
-        "firewall-outbound-deny": ("waived", "accept (no gpuprov chain)")}
+        "firewall-outbound-deny": ("waived", "accept (no gpuprov chain)"),
+        "firewall-no-other-ruleset": ("pass", "none")}
 
 
 @needs_nft
@@ -60,3 +61,17 @@ def test_a_policy_accept_table_fails_the_inbound_control(tmp_path):
     ruleset = render(build_rules(VARIABLES, [22]))
     loose = listing(tmp_path, ruleset, "&& nft chain inet gpuprov input '{ policy accept; }'")
     assert firewall_results(tmp_path, loose, loose, ruleset)["firewall-inbound-drop"] == ("fail", "accept")
+
+
+@needs_nft
+def test_another_firewall_fails_the_audit_and_is_named(tmp_path):
+    ruleset = render(build_rules(VARIABLES, [22]))
+    loaded = listing(tmp_path, ruleset)
+    facts = {"systemd": True, "nft": True, "nft_table": loaded.strip("\n"), "units": {UNIT: "enabled"},
+             "files": {RULESET: ruleset, LISTING: loaded, UNIT_FILE: unit_file()}, "os": {"id": "debian"},
+             "other_firewalls": {"nftables.service": "enabled"},
+             "other_rulesets": ["iptables-legacy filter: chain INPUT (policy drop)"]}
+    policy = build_policy(VARIABLES, {"sshd": {"port": ["22"]}})
+    (result,) = [r for r in audit(facts, policy, ruleset, ["firewall"]) if r.control.id == "firewall-no-other-ruleset"]
+    assert (result.status, result.observed) == (
+        "fail", ["nftables.service enabled", "iptables-legacy filter: chain INPUT (policy drop)"])

@@ -177,3 +177,125 @@ def test_the_ruleset_needs_no_etc_protocols(tmp_path):
     done = subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind /dev/null /etc/protocols && nft -c -f {path}"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+# A scratch network namespace is the host (the ruleset loaded there); each peer is a process in a namespace of its
+# own, wired to it by a veth pair. The kernel decides what passes: no rule text is compared.
+NETNS = r"""
+set -e
+ip link set lo up
+netns() {
+  unshare -n sleep 60 >/dev/null 2>&1 &
+  while [ "$(readlink /proc/$!/ns/net)" = "$(readlink /proc/self/ns/net)" ]; do sleep 0.05; done
+  echo $!
+}
+"""
+
+
+def in_netns(tmp_path, ruleset: str, script: str) -> str:
+    """`script` as root in a scratch network namespace where `$1` is the ruleset file, loaded by the script."""
+    path = tmp_path / "firewall.nft"
+    path.write_text(ruleset)
+    proc = subprocess.run(["unshare", "-n", "-m", "sh", "-c", NETNS + script, "netns", str(path)],
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0 and "Operation not permitted" in proc.stderr:
+        pytest.skip("no permission to create network namespaces here")
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+needs_netns = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("nft") is None or shutil.which("ip") is None,
+                                 reason="needs root, nft and ip (iproute2)")
+
+# The host: an uplink bridge br-ex (192.0.2.1, the outside world behind it), Docker's docker0 with a container
+# publishing 8081 -> 80 (Docker's DNAT, written as Docker writes it in effect), and a Docker user network
+# br-0123456789ab with a container of its own that reaches the published port through the host's address.
+PUBLISHED = r"""
+echo 1 > /proc/sys/net/ipv4/ip_forward
+bridge() { ip link add "$1" type bridge && ip addr add "$2" dev "$1" && ip link set "$1" up; }
+attach() {
+  ip link add "v$2" type veth peer name eth0 netns "$2" && ip link set "v$2" master "$1" up
+  nsenter -t "$2" -n sh -c "ip link set lo up && ip link set eth0 up && ip addr add $3 dev eth0 && \
+    ip route add default via $4"
+}
+OUTSIDE=$(netns); WEB=$(netns); NEIGHBOUR=$(netns)
+bridge br-ex 192.0.2.1/24; bridge docker0 172.17.0.1/16; bridge br-0123456789ab 172.18.0.1/16
+attach br-ex $OUTSIDE 192.0.2.2/24 192.0.2.1
+attach docker0 $WEB 172.17.0.2/16 172.17.0.1
+attach br-0123456789ab $NEIGHBOUR 172.18.0.3/16 172.18.0.1
+nat="${1%/*}/nat.nft"
+printf 'table ip docker-nat {\n chain prerouting {\n  type nat hook prerouting priority dstnat;\n' > "$nat"
+printf '  tcp dport 8081 dnat to 172.17.0.2:80\n }\n}\n' >> "$nat"
+nft -f "$nat"
+nft -f "$1"
+ready="${1%/*}/ready"
+timeout 30 nsenter -t $WEB -n python3 -c '
+import socket, sys
+s = socket.create_server(("0.0.0.0", 80)); s.settimeout(20); open(sys.argv[1], "w").write("ready")
+while True:
+    s.accept()[0].close()' "$ready" >/dev/null 2>&1 &
+web=$!
+for _ in $(seq 100); do [ -s "$ready" ] && break; sleep 0.1; done
+for peer in outside:$OUTSIDE docker:$NEIGHBOUR; do
+  nsenter -t "${peer#*:}" -n python3 -c '
+import socket, sys
+try:
+    socket.create_connection(("192.0.2.1", 8081), timeout=2).close()
+    print(sys.argv[1], "open")
+except OSError:
+    print(sys.argv[1], "closed")' "${peer%%:*}"
+done
+kill $web $OUTSIDE $WEB $NEIGHBOUR
+"""
+
+
+@needs_netns
+@pytest.mark.parametrize(("allow", "expected"), [
+    ([], {"outside": "closed", "docker": "open"}),
+    ([{"port": 8081, "proto": "tcp", "sources": ["192.0.2.0/24"]}], {"outside": "open", "docker": "open"}),
+])
+def test_only_dockers_own_bridges_skip_the_published_port_filter(tmp_path, allow, expected):
+    """An uplink bridge named br-ex is not Docker's: a port Docker publishes is open through it only as the allow
+    list says, while the containers of Docker's networks (named by the facts) still reach it."""
+    ruleset = render(build_rules({"firewall": {"allow": allow}}, [22]), ["br-0123456789ab"])
+    out = in_netns(tmp_path, ruleset, PUBLISHED)
+    assert dict(line.split() for line in out.splitlines()) == expected
+
+
+# The host (fe80::1, 2001:db8::1) and a DHCPv6 server on its link (fe80::2, 2001:db8::2) sending to UDP 546.
+DHCPV6 = r"""
+SERVER=$(netns)
+ip link add vs type veth peer name eth0 netns $SERVER
+ip link set vs up && ip addr add fe80::1/64 dev vs nodad && ip addr add 2001:db8::1/64 dev vs nodad
+nsenter -t $SERVER -n sh -c "ip link set lo up && ip link set eth0 up && ip addr add fe80::2/64 dev eth0 nodad && \
+  ip addr add 2001:db8::2/64 dev eth0 nodad"
+nft -f "$1"
+ready="${1%/*}/ready"
+timeout 20 python3 -c '
+import socket, sys
+s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM); s.bind(("::", 546)); s.settimeout(3)
+open(sys.argv[1], "w").write("ready")
+try:
+    while True:
+        print(s.recvfrom(100)[0].decode(), flush=True)
+except TimeoutError:
+    pass' "$ready" &
+for _ in $(seq 100); do [ -s "$ready" ] && break; sleep 0.1; done
+nsenter -t $SERVER -n python3 -c '
+import socket
+eth0 = socket.if_nametoindex("eth0")
+for name, source, to in (("link-local", ("fe80::2", 547, 0, eth0), ("fe80::1", 546, 0, eth0)),
+                         ("not-from-547", ("fe80::2", 5470, 0, eth0), ("fe80::1", 546, 0, eth0)),
+                         ("global", ("2001:db8::2", 547), ("2001:db8::1", 546))):
+    s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM); s.bind(source); s.sendto(name.encode(), to); s.close()'
+wait
+kill $SERVER
+"""
+
+
+@needs_netns
+def test_dhcpv6_replies_reach_the_client_from_the_link_only(tmp_path):
+    """A DHCPv6 server answers from its link-local address, port 547, to the client's link-local address, port 546:
+    accepted; the same port from another source port or to a global address is not."""
+    out = in_netns(tmp_path, render(build_rules({}, [22])), DHCPV6)
+    assert out.split() == ["link-local"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import paramiko
 import pytest
 
-from gpuprov.harden.lockout import ssh_refusals
+from gpuprov.harden.lockout import firewall_refusals, ssh_refusals
 from gpuprov.harden.policy import build_policy
 
 FACTS = {"controller": {"address": "10.0.5.9", "port": 22}, "user_groups": ["gpuadmin", "sudo"],
@@ -62,3 +62,26 @@ def test_root_login_no_while_gpuprov_is_root():
     assert refusals({"permit_root_login": "no"}, user="gpuadmin") == []
     (found,) = refusals({"permit_root_login": "no"}, user="root")
     assert "PermitRootLogin no" in found
+
+
+@pytest.mark.parametrize(("others", "words"), [
+    ({"other_firewalls": {"ufw": "enabled, active"}}, ["ufw is enabled, active", "`ufw disable`"]),
+    ({"other_firewalls": {"firewalld.service": "active"}}, ["firewalld.service is active",
+                                                            "`systemctl disable --now firewalld`"]),
+    ({"other_firewalls": {"nftables.service": "enabled"}}, ["nftables.service is enabled", "flush ruleset",
+                                                            "`systemctl disable nftables.service` (not --now"]),
+    ({"other_rulesets": ["table inet f2b-table: chain input (1 rules)"]},
+     ["another ruleset filters this host (table inet f2b-table: chain input (1 rules))"]),
+])
+def test_a_firewall_gpuprov_does_not_own_is_refused_with_what_to_do(others, words):
+    """Refused rather than integrated, the reason naming the firewall, how to turn it off and how to leave the
+    firewall to it; the SSH path itself is open (the only refusal is that one)."""
+    facts = {**FACTS, **others}
+    (found,) = firewall_refusals(build_policy({}, facts), facts)
+    assert all(word in found for word in words) and "gpuprov refuses" in found
+    assert "--only ssh,updates" in found
+
+
+def test_no_refusal_without_another_firewall():
+    facts = {**FACTS, "other_firewalls": {}, "other_rulesets": []}
+    assert firewall_refusals(build_policy({}, facts), facts) == []

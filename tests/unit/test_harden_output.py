@@ -32,3 +32,13 @@ def test_summary_row_counts_controls_and_names_failures():
     assert summary_row(RUN) == {"host": "gpu[01]\x1b[31m", "status": "rolled back", "changes": 1,
                                 "controller": "10.0.0.9", "controls": "0 pass, 1 fail, 1 waived",
                                 "detail": "rolled back by the host; failing: ssh-macs"}
+
+
+def test_an_unknown_guard_outcome_prints_where_to_look_on_the_host(capsys):
+    unknown = {**RUN, "guard": {"result": "unknown", "detail": "the host has no guard folder for this run", "log": "",
+                                "hint": "on the host's console: ls /var/lib/gpuprov/harden/20261202T020000-ab12cd34"}}
+    print_hosts([unknown], dry_run=False, confirm_timeout=60)
+    out = capsys.readouterr().out
+    assert "unknown: the host has no guard folder for this run" in out
+    assert "hint: on the host's console: ls /var/lib/gpuprov/harden/20261202T020000-ab12cd34" in out
+    assert summary_row(unknown)["detail"] == "unknown; failing: ssh-macs"

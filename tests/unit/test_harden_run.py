@@ -4,6 +4,7 @@ revert when the result is not the policy, confirm otherwise; a second run change
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -13,10 +14,12 @@ import gpuprov.apply
 import gpuprov.harden.facts
 import gpuprov.harden.run
 from gpuprov.apply import StepResult
+from gpuprov.errors import GpuprovError
 from gpuprov.harden import firewall, nft, updates
 from gpuprov.harden import sshd as harden_sshd
-from gpuprov.harden.confirm import GuardOutcome
+from gpuprov.harden.confirm import GuardOutcome, console_hint
 from gpuprov.harden.facts import parse_sshd
+from gpuprov.harden.guard import MARK
 from gpuprov.harden.policy import build_policy
 from gpuprov.harden.run import HardenOptions, harden_host
 from gpuprov.inventory import Host
@@ -34,8 +37,13 @@ class Conn:
 
     connect_timeout = 5
 
-    def __init__(self, host):
-        self.host = host
+    def __init__(self, host, undecided: str = ""):
+        self.host, self.undecided, self.commands = host, undecided, []
+
+    def run(self, command, sudo=False, stdin=None, timeout=None):
+        """Only the check for another run's undecided guard comes here: the host answers `undecided`."""
+        self.commands.append(stdin)
+        return subprocess.CompletedProcess(command, 0, self.undecided, "")
 
     def server_key_type(self):
         return "ssh-ed25519"
@@ -89,6 +97,7 @@ class FakeHost:
             return self.facts
 
         def apply_changes(conn, changes, **kwargs):
+            self.changes = changes
             self.batches.append([c.component for c in changes])
             self.facts = after
             return [StepResult(c.component, c.summary, list(c.commands), 0, 0.1, "") for c in changes], after
@@ -113,8 +122,8 @@ class FakeHost:
 HOST = Host(name="gpu01", address="10.0.0.1", vars=VARIABLES)
 
 
-def harden(options: HardenOptions | None = None):
-    return harden_host(Conn(HOST), HOST, options or HardenOptions())
+def harden(options: HardenOptions | None = None, conn: Conn | None = None):
+    return harden_host(conn or Conn(HOST), HOST, options or HardenOptions())
 
 
 def test_lockout_is_refused_before_anything_is_sent(tmp_path, monkeypatch):
@@ -178,3 +187,74 @@ def test_the_guard_restores_exactly_the_guarded_files(part):
     guard = gpuprov.harden.run._guard([gpuprov.ops.Change(part, "x", ("true",))], 60)
     expected = {"firewall": (*nft.GUARDED_FILES,), "ssh": (harden_sshd.DROPIN,)}[part]
     assert guard.files == expected and guard.restore_table is (part == "firewall")
+
+
+def test_nftables_is_installed_before_the_guard_is_armed(tmp_path, monkeypatch):
+    before = {**bare_facts(tmp_path, controller="10.3.4.5"), "nft": False}
+    host = FakeHost(monkeypatch, before, hardened_facts(tmp_path, before))
+    harden()
+    assert host.batches == [["updates", "updates", "packages", "guard", "ssh", "firewall"]]
+    assert "apt-get" in host.changes[2].commands[-1] and "nftables" in host.changes[2].commands[-1]
+    assert not any("apt-get" in command for change in host.changes[3:] for command in change.commands)
+
+
+def test_every_guarded_step_holds_the_lock_and_refuses_after_the_decision(tmp_path, monkeypatch):
+    before = bare_facts(tmp_path, controller="10.3.4.5")
+    host = FakeHost(monkeypatch, before, hardened_facts(tmp_path, before))
+    harden()
+    guard = host.changes[2]
+    run_dir = re.search(r"mkdir -m 700 (\S+)", "\n".join(guard.commands)).group(1)
+    assert run_dir.startswith("/var/lib/gpuprov/harden/")
+    for change in host.changes[3:]:
+        lock, check = change.commands[:2]
+        assert lock == "exec 9>>/var/lib/gpuprov/harden/lock && flock 9"
+        assert check.startswith(f"if [ ! -f {run_dir}/armed ] || [ -d {run_dir}/decided ]; then")
+    assert "from controller 10.3.4.5 (" in "\n".join(guard.commands)
+
+
+def test_a_run_is_refused_before_anything_while_another_guard_is_undecided(tmp_path, monkeypatch):
+    before = bare_facts(tmp_path, controller="10.3.4.5")
+    host = FakeHost(monkeypatch, before, hardened_facts(tmp_path, before))
+    first = "run 20261202T020000-ab12cd34 from controller 10.9.9.9 (op@ctl), started 2026-12-02T02:00:01Z"
+    conn = Conn(HOST, undecided=f"{MARK}busy {first}\n")
+    with pytest.raises(GpuprovError) as caught:
+        harden(conn=conn)
+    assert caught.value.message == f"another harden run's guard is still undecided on this host: {first}"
+    assert caught.value.step == "guard" and host.batches == []
+    assert harden(HardenOptions(dry_run=True), conn=conn).status == "planned"   # a dry run changes nothing
+
+
+@pytest.mark.parametrize(("result", "said"), [
+    ("unknown", "whether the previous firewall and sshd configuration are back is unknown: on the host's console"),
+    ("rolled back by the host", "were put back; the host reverted by itself before the batch ended"),
+    ("reverted by gpuprov", "configuration were put back"),
+])
+def test_a_failed_batch_says_what_became_of_the_previous_configuration(tmp_path, monkeypatch, result, said):
+    before = bare_facts(tmp_path, controller="10.3.4.5")
+    FakeHost(monkeypatch, before, before)
+
+    def failing(conn, changes, **kwargs):
+        error = GpuprovError("ssh: x failed with exit code 1", host="gpu01", step="ssh", hint="fix it")
+        error.steps = [StepResult("guard", "arm", [], 0, 0.1, "")]
+        raise error
+
+    def revert_now(conn, guard, armed_before, why):
+        return GuardOutcome(guard, result, why, hint=console_hint(guard) if result == "unknown" else "")
+
+    monkeypatch.setattr(gpuprov.apply, "apply_changes", failing)
+    monkeypatch.setattr(gpuprov.harden.run, "revert_now", revert_now)
+    with pytest.raises(GpuprovError) as caught:
+        harden()
+    assert said in caught.value.hint and caught.value.run.guard.result == result
+
+
+def test_a_confirmation_without_a_decision_is_unknown_and_exits_1(tmp_path, monkeypatch):
+    from gpuprov.tasks.harden import _exit_code
+
+    before = bare_facts(tmp_path, controller="10.3.4.5")
+    FakeHost(monkeypatch, before, hardened_facts(tmp_path, before))
+    monkeypatch.setattr(gpuprov.harden.run, "confirm",
+                        lambda conn, guard, armed_before: GuardOutcome(guard, "unknown", "no decision"))
+    run = harden()
+    assert run.status == "unknown" and run.guard.result == "unknown"
+    assert _exit_code([type("Outcome", (), {"ok": True, "value": run})()], dry_run=False) == 1

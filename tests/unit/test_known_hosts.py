@@ -199,10 +199,14 @@ def test_a_fifo_is_not_read(tmp_path):
 def test_an_unreadable_file_says_so(tmp_path, monkeypatch):
     path = written(tmp_path, f"gpu01 {ED25519}\n")
 
-    def denied(self):
-        raise PermissionError(13, "Permission denied", str(self))
+    real_open = os.open
 
-    monkeypatch.setattr(Path, "read_bytes", denied)
+    def denied(name, *args, **kwargs):  # as root every file is readable: the system's answer is "no" here
+        if str(name) == str(path):
+            raise PermissionError(13, "Permission denied", str(name))
+        return real_open(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", denied)
     with pytest.raises(KnownHostsError) as caught:
         read_known_hosts(path)
     assert caught.value.message == f"{path}: known_hosts: cannot read: Permission denied"

@@ -93,6 +93,10 @@ def test_targets_carry_the_inventory_labels(tmp_path):
     ("monitoring: {validate_schedule: 'weekly; rm -rf /'}", "bad validate_schedule"),
     ("monitoring: {scrape_interval_s: true}", "expected an integer from 1 to 3600, not True"),
     ("monitoring: {idle: 5}", "'idle'; expected one of: dcgm_exporter,"),
+    ("monitoring: {dcgm_exporter_digests: sha256:00}", "bad dcgm_exporter_digests 'sha256:00'"),
+    ("monitoring: {dcgm_exporter_digests: {4.4.1-4.6.0-ubuntu22.04: 'sha256:AB'}}", "bad image digest 'sha256:AB'"),
+    ("monitoring: {dcgm_exporter_digests: {4.4.1-4.6.0-ubuntu22.04: latest}}", "bad image digest 'latest'"),
+    ("monitoring: {dcgm_exporter_digests: {'a b': 'sha256:" + "0" * 64 + "'}}", "bad image tag 'a b'"),
     ("cost: {currency: USD}", "cost needs per_hour"),
     ("cost: {per_hour: -1}", "bad per_hour -1"),
     ("cost: {per_hour: 3, currency: usd}", "bad currency 'usd'"),
@@ -140,3 +144,10 @@ def test_the_textfile_folder_is_validates_own(tmp_path):
     with pytest.raises(InputError, match="validate.textfile_dir must be an absolute path") as info:
         build_policy(inv.host("bad"))
     assert info.value.host == "bad"
+
+
+def test_a_pinned_dcgm_exporter_digest_reaches_the_policy(tmp_path):
+    digest = "sha256:" + "0f" * 32
+    inv = load(tmp_path, "hosts:\n  h:\n    address: 10.0.0.7\n    vars: {monitoring: {dcgm_exporter_digests: "
+                         f"{{4.4.1-4.6.0-ubuntu22.04: '{digest}'}}}}}}\n")
+    assert build_policy(inv.host("h")).dcgm_exporter_digests == {"4.4.1-4.6.0-ubuntu22.04": digest}

@@ -16,6 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuprov.errors import GpuprovError
+from gpuprov.inventory.model import Host
 from gpuprov.monitoring.idle import IdleHost, find_idle, window
 from gpuprov.monitoring.policy import MonitoringPolicy
 from gpuprov.monitoring.query import Prometheus, through_ssh
@@ -99,8 +100,10 @@ class FakePrometheus(http.server.BaseHTTPRequestHandler):
     """A Prometheus API stand-in: answers /api/v1/query from ANSWERS by the query text."""
 
     answers: dict[str, list] = {}
+    hosts: list[str] = []     # the Host header of each request
 
     def do_GET(self):  # noqa: N802 - http.server's name
+        self.hosts.append(self.headers.get("Host"))
         parts = urllib.parse.urlsplit(self.path)
         query = urllib.parse.parse_qs(parts.query).get("query", [""])[0]
         if query not in self.answers:
@@ -130,9 +133,10 @@ def fake_server():
 class TunnelConn:
     """A connection whose tunnel is a plain TCP socket to the fake server (as a direct-tcpip channel behaves)."""
 
-    def __init__(self, port: int):
+    def __init__(self, port: int, address: str = "192.0.2.9", variables: dict | None = None):
         self.port = port
-        self.host = type("H", (), {"name": "prom01"})()
+        self.host = Host("prom01", address, vars={"monitoring_address": "10.20.0.5"} if variables is None
+                         else variables)
         self.asked = []
 
     def open_tunnel(self, port: int, address: str = "127.0.0.1", timeout=None):
@@ -140,14 +144,21 @@ class TunnelConn:
         return socket.create_connection(("127.0.0.1", self.port))
 
 
-def test_queries_travel_through_the_ssh_tunnel(fake_server):
+def test_queries_travel_through_the_ssh_tunnel_to_the_monitoring_address(fake_server):
+    """Prometheus listens on the monitoring host's monitoring address only: the tunnel goes there, not to
+    127.0.0.1 (nothing listens there)."""
     FakePrometheus.answers = {"up": [{"metric": {"host": "a"}, "value": [1.0, "1"]}]}
     conn = TunnelConn(fake_server.server_address[1])
     prom = through_ssh(conn)
     assert prom.query("up") == [{"metric": {"host": "a"}, "value": 1.0}]
-    assert conn.asked == [("127.0.0.1", 9090)]      # Prometheus's own port on the monitoring host
-    with pytest.raises(GpuprovError, match=r"prom01 \(127.0.0.1:9090 through SSH\) refused .*parse error in up\)"):
+    assert conn.asked == [("10.20.0.5", 9090)]
+    assert FakePrometheus.hosts[-1] == "10.20.0.5:9090"
+    with pytest.raises(GpuprovError, match=r"prom01 \(10.20.0.5:9090 through SSH\) refused .*parse error in up\)"):
         prom.query("up)")
+    # no monitoring_address: the inventory address, bracketed in the Host header where it is IPv6
+    conn = TunnelConn(fake_server.server_address[1], "fd00::9", variables={})
+    through_ssh(conn).query("up")
+    assert conn.asked == [("fd00::9", 9090)] and FakePrometheus.hosts[-1] == "[fd00::9]:9090"
 
 
 def test_a_refused_tunnel_names_prometheus_and_what_to_do():
@@ -158,7 +169,7 @@ def test_a_refused_tunnel_names_prometheus_and_what_to_do():
             raise paramiko.ChannelException(2, "Connect failed")
 
     with pytest.raises(GpuprovError, match=r"did not answer /api/v1/query\?query=up: the SSH tunnel to "
-                                           r"127.0.0.1:9090 was refused \(Connect failed\)") as info:
+                                           r"10.20.0.5:9090 was refused \(Connect failed\)") as info:
         through_ssh(Refused(1)).query("up")
     assert "invoke monitoring.server" in info.value.hint
 

@@ -166,13 +166,14 @@ def test_an_unreadable_locks_folder_is_exit_2(tmp_path, capsys, contacted, monke
     assert contacted == []
 
 
-def test_stack_lock_prints_a_locks_folder_with_a_line_break_on_one_line(tmp_path, capsys):
+def test_a_locks_folder_with_a_line_break_is_exit_2_naming_the_setting(tmp_path, capsys):
     locks = tmp_path / "new\nforged:1:1: x" / "locks"
-    stack_tasks.lock(config(tmp_path, locks=locks), group=["hgx"], os="ubuntu-22.04")
-    captured = capsys.readouterr()
-    assert captured.err == f"created the folder {tmp_path}/new\\nforged:1:1: x/locks (gpuprov.locks)\n"
-    assert captured.out.startswith(f"wrote {tmp_path}/new\\nforged:1:1: x/locks/hgx.lock.yaml (driver ")
-    assert len(captured.out.splitlines()) == 1
+    before = snapshot(tmp_path)
+    code, err = exit_code(stack_tasks.lock, config(tmp_path, locks=locks), capsys, group=["hgx"], os="ubuntu-22.04")
+    assert code == 2
+    assert err == (f"error: gpuprov.locks: must be a path (a non-empty string) without control characters (a line "
+                   f"break, a tab, NUL), not {str(locks)!r}\n")
+    assert snapshot(tmp_path) == {**before, str(tmp_path / "inventory.yaml"): INVENTORY.encode()}
 
 
 def test_stack_lock_creates_a_missing_locks_folder_and_says_so(tmp_path, capsys):

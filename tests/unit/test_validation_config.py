@@ -160,7 +160,7 @@ def test_threshold_per_gpu_model(tmp_path):
     ({"validate": {"textfile_dir": "/var/lib/../etc"}}, "validate.textfile_dir (host): must be an absolute path"),
     ({"validate": {"torch_wheel": "cuda12"}}, "must be cpu or a CUDA variant like cu128"),
     ({"validate": {"torch_version": "two"}}, "must be a release like \"2.7\" or latest"),
-    ({"validate": {"torch_index": "ftp://x"}}, "must be an http(s) or file URL"),
+    ({"validate": {"torch_index": "ftp://x"}}, "must be an http:// or https:// URL"),
     ({"validate": {"rdzv_port": 80}}, "must be a port from 1024 to 65535"),
     ({"validate": {"image": "img; rm -rf /"}}, "must be an image reference"),
     ({"validate": {"sizing": {"cores": 8}}}, "must be a mapping with keys among cpu_cores_per_gpu"),
@@ -197,3 +197,17 @@ def test_the_example_inventory_documents_the_validate_variables():
                                                                                 "10.1.1.11")
     assert settings.threshold_for("H100-SXM") == 85 and settings.rdzv_port == 29500
     assert validate_vars(example.host("hgx-02")).cluster_address == "10.1.0.12"   # default: the address
+
+
+def test_a_torch_index_token_is_masked_in_every_later_output(tmp_path):
+    import yaml
+
+    from gpuprov.secrets import mask
+
+    path = tmp_path / "inv.yaml"
+    index = "https://ci-bot:s3cr3t-Tok9@pypi.internal/simple"
+    path.write_text(yaml.safe_dump({"hosts": {"gpu01": {"address": "192.0.2.1",
+                                                        "vars": {"validate": {"torch_index": index}}}}}))
+    assert "s3cr3t-Tok9" in mask("pip said: 401 for s3cr3t-Tok9")   # a bare token is not known before
+    validate_vars(load_inventory(path).host("gpu01"))
+    assert "s3cr3t-Tok9" not in mask("pip said: 401 for s3cr3t-Tok9 (token s3cr3t-Tok9)")

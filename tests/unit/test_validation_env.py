@@ -2,12 +2,14 @@
 venv on the host, built from pushed wheels and left alone when its marker matches.
 
 The host side runs for real in a temporary folder: a connection that runs each command with `sh -c` here and
-"uploads" by copying, recording both; the wheels are pip's own (from ensurepip) and a small wheel made here."""
+"uploads" by copying, recording both; the wheels are pip's own (from ensurepip) and a small wheel made here. The
+judges of what root may run are the file system (real owners and modes) and pip's own --require-hashes."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -26,13 +28,17 @@ from gpuprov.validation.env import (
     HostPython,
     Wheelhouse,
     ensure_env,
+    install_script,
     load_wheelhouse,
     pip_download_commands,
     probe_host,
     request_for,
+    wheel_pin,
     wheelhouse_for,
 )
-from gpuprov.validation.remote import Remote
+from gpuprov.validation.remote import SECURE, Remote
+
+SYSTEM_PYTHON = os.path.realpath("/usr/bin/python3")
 
 
 class LocalSFTP:
@@ -43,35 +49,25 @@ class LocalSFTP:
         self.conn.uploads.append(remote)
         shutil.copyfile(local, remote)
 
-    def putfo(self, handle, remote):
-        self.conn.uploads.append(remote)
-        Path(remote).write_bytes(handle.read())
-
     def posix_rename(self, old, new):
         os.replace(old, new)
-
-    def listdir_attr(self, path):
-        return [SimpleNamespace(filename=name, st_size=os.stat(os.path.join(path, name)).st_size)
-                for name in os.listdir(path)]
-
-    def remove(self, path):
-        self.conn.removed.append(path)
-        os.remove(path)
 
 
 class LocalConn:
     """A host that is this machine: commands run with `sh -c` (as this user, root in CI), uploads copy files."""
 
-    def __init__(self, name: str = "lab01"):
+    def __init__(self, name: str = "lab01", env: dict | None = None):
         self.host = SimpleNamespace(name=name, user=os.environ.get("USER") or "root", address="127.0.0.1")
         self.commands: list[str] = []
+        self.sudo: list[bool] = []
         self.uploads: list[str] = []
-        self.removed: list[str] = []
+        self.env = env
 
     def run(self, command, *, sudo=False, timeout=None, stdin=None):
         self.commands.append(command)
+        self.sudo.append(sudo)
         done = subprocess.run(["sh", "-c", command], input=stdin, capture_output=True, text=True,
-                              timeout=timeout or 600, check=False)
+                              timeout=timeout or 600, check=False, env=self.env)
         return Result(command, done.returncode, done.stdout, done.stderr, 0.0)
 
     def sftp(self):
@@ -141,8 +137,9 @@ def test_second_run_uploads_and_installs_nothing(tmp_path):
     assert again.marker == wheelhouse.digest(again)
     second = ensure_env(remote, again, wheelhouse, layout)
     assert (second["installed"], second["uploaded"]) == (False, [])
-    assert len(conn.commands) == 1 and "python3 -c" in conn.commands[0]   # the probe, nothing else
+    assert len(conn.commands) == 1 and "command -v python3" in conn.commands[0]   # the probe, nothing else
     assert conn.uploads == []
+    assert python.path == SYSTEM_PYTHON and all(conn.sudo)   # root's python3, probed as root
 
 
 def test_a_new_wheel_set_replaces_the_venv_and_drops_old_wheels(tmp_path):
@@ -157,6 +154,8 @@ def test_a_new_wheel_set_replaces_the_venv_and_drops_old_wheels(tmp_path):
     assert done["installed"] and done["uploaded"] == ["gpuprov_probe-2.0-py3-none-any.whl"]
     assert sorted(os.listdir(layout.wheelhouse)) == sorted(newer.files)
     assert probe_value(layout) == "2"
+    assert oct(os.stat(layout.wheelhouse).st_mode & 0o777) == "0o700" and os.stat(layout.wheelhouse).st_uid == 0
+    assert os.listdir(layout.incoming) == []   # root took every upload
 
 
 def test_a_wheel_that_arrives_damaged_is_removed_and_named(tmp_path):
@@ -167,8 +166,111 @@ def test_a_wheel_that_arrives_damaged_is_removed_and_named(tmp_path):
     remote = Remote(LocalConn())
     with pytest.raises(GpuprovError, match=f"wheels differ from the controller's after upload: {name}"):
         ensure_env(remote, probe_host(remote, layout), damaged, layout)
-    assert name not in os.listdir(layout.wheelhouse)
+    assert name not in os.listdir(layout.wheelhouse) and name not in os.listdir(layout.incoming)
     assert not os.path.exists(layout.marker)
+
+
+def test_a_hostile_python3_first_on_the_ssh_users_path_is_never_run(tmp_path):
+    bin_dir, ran = tmp_path / "bin", tmp_path / "hostile-ran"
+    bin_dir.mkdir()
+    # it passes itself off as the interpreter (sys.executable), as a hostile copy of python would
+    (bin_dir / "python3").write_text(f"#!/bin/bash\ntouch {ran}\nexec -a \"$0\" {SYSTEM_PYTHON} \"$@\"\n")
+    (bin_dir / "python3").chmod(0o755)
+    layout = Layout(root=str(tmp_path / "opt"))
+    conn = LocalConn(env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    remote = Remote(conn)
+    assert subprocess.run(["sh", "-c", "command -v python3"], env=conn.env, capture_output=True,
+                          text=True).stdout.strip() == str(bin_dir / "python3")   # it is first on that PATH
+    python = probe_host(remote, layout)
+    ensure_env(remote, python, tiny_wheelhouse(tmp_path / "set"), layout)
+    assert python.path == SYSTEM_PYTHON and os.path.realpath(layout.python) == SYSTEM_PYTHON
+    assert not ran.exists()
+
+
+def secure(path) -> tuple[int, str]:
+    done = subprocess.run(["sh", "-c", SECURE + '\nsecure "$1"', "sh", str(path)], capture_output=True, text=True)
+    return done.returncode, done.stdout.strip()
+
+
+def test_only_paths_that_root_alone_can_change_are_secure(tmp_path):
+    nobody = int(subprocess.run(["id", "-u", "nobody"], capture_output=True, text=True, check=True).stdout)
+    safe = tmp_path / "safe"
+    safe.mkdir(mode=0o755)
+    (safe / "tool").write_text("")
+    assert secure(safe / "tool") == (0, "")      # /tmp is sticky: it may be above, never last
+    assert secure("/tmp")[0] == 1 and "writable by group or others (mode 1777)" in secure("/tmp")[1]
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o775)
+    (open_dir / "tool").write_text("")
+    assert secure(open_dir / "tool") == (1, f"{open_dir} is writable by group or others (mode 775)")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, nobody, -1)
+    assert secure(theirs) == (1, f"{theirs} is owned by uid {nobody}, not root")
+    link = safe / "link"
+    link.symlink_to(theirs)
+    assert secure(link) == (1, f"{theirs} is owned by uid {nobody}, not root")   # followed to its target
+    assert secure(tmp_path / "missing")[1] == f"{tmp_path}/missing does not exist"
+
+
+def test_an_opt_gpuprov_of_another_owner_is_refused(tmp_path):
+    layout = Layout(root=str(tmp_path / "opt"))
+    os.mkdir(layout.root)
+    os.chown(layout.root, 65534, -1)
+    remote = Remote(LocalConn())
+    with pytest.raises(GpuprovError, match=f"root does not write into {layout.root}: {layout.root} is owned by "
+                                           "uid 65534, not root") as caught:
+        ensure_env(remote, probe_host(remote, layout), tiny_wheelhouse(tmp_path / "set"), layout)
+    assert "chown root:root" in caught.value.hint and os.listdir(layout.root) == []
+
+
+@pytest.mark.parametrize("plant", ["tampered", "symlink", "fifo"])
+def test_a_wheel_the_ssh_user_planted_in_its_upload_folder_is_refused(tmp_path, plant):
+    layout = Layout(root=str(tmp_path / "opt"))
+    wheelhouse = tiny_wheelhouse(tmp_path / "set")
+    name = "gpuprov_probe-1.0-py3-none-any.whl"
+    remote = Remote(LocalConn())
+    remote.user_folder(layout.incoming)
+    planted = Path(layout.incoming) / name
+    if plant == "tampered":
+        make_wheel(tmp_path, "1.0", 666).rename(planted)
+    elif plant == "symlink":
+        planted.symlink_to(wheelhouse.folder / name)   # the right bytes, but through a link root must not follow
+    else:
+        os.mkfifo(planted)
+    with pytest.raises(GpuprovError, match=f"wheels in the upload folder differ from the controller's: {name}"):
+        ensure_env(remote, probe_host(remote, layout), wheelhouse, layout)
+    assert not os.path.exists(layout.venv) and name not in os.listdir(layout.wheelhouse)
+    assert not os.path.lexists(planted)
+
+
+def test_every_wheel_is_installed_pinned_and_pip_checks_each_digest(tmp_path):
+    layout = Layout(root=str(tmp_path / "opt"))
+    wheelhouse = tiny_wheelhouse(tmp_path / "set")
+    remote = Remote(LocalConn())
+    python = probe_host(remote, layout)
+    ensure_env(remote, python, wheelhouse, layout)
+    assert wheelhouse.pins() == [f"gpuprov-probe==1.0 --hash=sha256:"
+                                 f"{wheelhouse.files['gpuprov_probe-1.0-py3-none-any.whl']}"]
+    # a newer wheel next to the pinned one is not taken, and a pinned wheel whose bytes changed is refused by pip
+    make_wheel(Path(layout.wheelhouse), "9.0", 9)
+    make_wheel(tmp_path, "1.0", 666).replace(Path(layout.wheelhouse) / "gpuprov_probe-1.0-py3-none-any.whl")
+    done = remote.run("sh -s", stdin=install_script(python, wheelhouse, "x", layout), check=False)
+    assert done.rc != 0 and "THESE PACKAGES DO NOT MATCH THE HASHES" in done.stderr
+    Path(layout.wheelhouse, "gpuprov_probe-1.0-py3-none-any.whl").write_bytes(
+        (wheelhouse.folder / "gpuprov_probe-1.0-py3-none-any.whl").read_bytes())
+    remote.run("sh -s", stdin=install_script(python, wheelhouse, "x", layout))
+    assert probe_value(layout) == "42"
+
+
+def test_wheel_pins():
+    assert wheel_pin("torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl") == ("torch", "2.13.0+cpu")
+    assert wheel_pin("typing_extensions-4.16.0-py3-none-any.whl") == ("typing-extensions", "4.16.0")
+    two = Wheelhouse(Path("/w"), {"numpy-2.4.6-cp311-cp311-linux_x86_64.whl": "a",
+                                  "numpy-2.3.0-cp311-cp311-linux_x86_64.whl": "b"}, [])
+    with pytest.raises(GpuprovError, match="holds numpy in 2 versions"):
+        two.pins()
 
 
 def test_a_host_without_python3():
@@ -201,7 +303,7 @@ def test_pip_download_commands(tmp_path):
                                                                          "manylinux2014_aarch64"]
     assert len(platforms) == 21
     assert torch[:4] == [sys.executable, "-m", "pip", "download"]
-    assert torch[-3:] == ["--index-url", "https://download.pytorch.org/whl/cu128", "torch==2.7.*"]
+    assert torch[-1] == "torch==2.7.*" and "--index-url" not in torch
     assert {"--only-binary=:all:", "--python-version", "3.11", "--abi", "cp311"} <= set(torch)
     assert rest[-4:] == ["numpy", "onnx", "onnxruntime-gpu", "pip"] and "--index-url" not in rest
 
@@ -241,6 +343,35 @@ def test_a_failed_download_names_the_command_and_keeps_nothing(tmp_path):
         wheelhouse_for(request_for(python, "cu128", "2.7", None), tmp_path, run=failing)
     assert "No matching distribution" in caught.value.output and "pip download" in caught.value.command
     assert list(tmp_path.iterdir()) == []
+
+
+def test_index_credentials_reach_neither_a_command_line_nor_the_manifest(tmp_path):
+    seen = []
+
+    def fake_pip(command, env=None, **kwargs):
+        seen.append((command, env))
+        dest = Path(command[command.index("--dest") + 1])
+        (dest / f"pkg{len(seen)}-1.0-py3-none-any.whl").write_bytes(b"x")
+        return SimpleNamespace(returncode=0, stdout="", stderr="")
+
+    python = HostPython("/usr/bin/python3", "3.11", "x86_64", "2.36")
+    index = "https://ci:s3cr%40t@pypi.example/simple"
+    request = request_for(python, "cpu", None, index)
+    wheelhouse = wheelhouse_for(request, tmp_path, run=fake_pip)
+    assert seen[0][1]["PIP_INDEX_URL"] == index and "PIP_INDEX_URL" not in seen[1][1]
+    assert not any("s3cr" in part or "ci:" in part for command, _ in seen for part in command)
+    manifest = (wheelhouse.folder / MANIFEST).read_text()
+    assert "s3cr" not in manifest and "ci@" not in manifest
+    assert json.loads(manifest)["request"]["torch_index"] == "https://pypi.example/simple"
+    assert "s3cr" not in wheelhouse.folder.name
+
+    def failing(command, env=None, **kwargs):
+        return SimpleNamespace(returncode=1, stdout="", stderr=f"ERROR: 401 from {env['PIP_INDEX_URL']} (s3cr@t)")
+
+    with pytest.raises(GpuprovError) as caught:
+        wheelhouse_for(request_for(python, "cu128", None, index), tmp_path, run=failing)
+    text = str(caught.value.to_dict())
+    assert "s3cr" not in text and "https://pypi.example/simple" in caught.value.command
 
 
 def test_an_incomplete_wheelhouse_is_not_used(tmp_path):

@@ -1,11 +1,18 @@
 """--multi-node: the join check names a host that cannot join, torchrun's command, and a real two-node
-all-reduce (gloo, one small process per node) between two 'hosts' that are this machine."""
+all-reduce (gloo, one small process per node) between two 'hosts' that are this machine. Runs that reach torchrun
+(which firewalls the rendezvous port with nftables) happen in a network namespace of their own, and the judge of
+the firewall is the kernel: connections between two namespaces joined by a veth pair. The workers run as root
+here (the test's venv is this machine's Python below /root); the lab runs them as gpuprov-validate."""
 
 from __future__ import annotations
 
+import os
+import shlex
 import socket
+import subprocess
 import sys
 import threading
+import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,7 +23,14 @@ from gpuprov.errors import GpuprovError
 from gpuprov.executor import Outcome, Settings
 from gpuprov.validation import Layout
 from gpuprov.validation.host import HostValidation
-from gpuprov.validation.multinode import Node, nodes_for, parse_output, run_multinode, torchrun_command
+from gpuprov.validation.multinode import (
+    Node,
+    firewall_rules,
+    nodes_for,
+    parse_output,
+    run_multinode,
+    torchrun_command,
+)
 
 SETTINGS = Settings(known_hosts=Path("/nonexistent"), parallel=1)
 
@@ -27,14 +41,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def local_run_on_hosts(hosts, work, settings, *, jump_of=None, on_event=None):
+class NetnsConn(LocalConn):
+    """LocalConn whose commands run in network namespace `netns` (None: this machine's), with `env`."""
+
+    def __init__(self, name, netns=None, env=None):
+        super().__init__(name, env=env)
+        self.netns = netns
+
+    def run(self, command, *, sudo=False, timeout=None, stdin=None):
+        if self.netns:
+            command = f"exec ip netns exec {self.netns} sh -c {shlex.quote(command)}"
+        return super().run(command, sudo=sudo, timeout=timeout, stdin=stdin)
+
+
+def local_run_on_hosts(hosts, work, settings, *, jump_of=None, on_event=None, netns=None, env=None):
     """run_on_hosts over LocalConn 'hosts', all at once (as run_multinode asks: parallel = every host)."""
     assert settings.parallel >= len(hosts)
     outcomes = {}
 
     def one(h):
         try:
-            outcomes[h.name] = Outcome(h, value=work(LocalConn(h.name)))
+            outcomes[h.name] = Outcome(h, value=work(NetnsConn(h.name, netns, env)))
         except GpuprovError as exc:
             outcomes[h.name] = Outcome(h, error=exc)
 
@@ -50,6 +77,28 @@ def hosts(*names):
     return [SimpleNamespace(name=name, address="127.0.0.1") for name in names]
 
 
+def netns_run(netns, command, check=True):
+    return subprocess.run(["ip", "netns", "exec", netns, "sh", "-c", command], capture_output=True, text=True,
+                          check=check, timeout=60)
+
+
+@pytest.fixture
+def netns():
+    """Network namespaces of the test's own (only their loopback up), removed afterwards."""
+    made = []
+
+    def make():
+        name = f"gpuprov-test-{uuid.uuid4().hex[:8]}"
+        subprocess.run(["ip", "netns", "add", name], check=True)
+        made.append(name)
+        netns_run(name, "ip link set lo up")
+        return name
+
+    yield make
+    for name in made:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+
+
 @pytest.fixture
 def layout(tmp_path):
     layout = Layout(root=str(tmp_path / "opt"))
@@ -58,12 +107,22 @@ def layout(tmp_path):
     return layout
 
 
-def test_two_nodes_all_reduce(layout):
+def in_netns(name):
+    def run_on_hosts(hosts, work, settings, **kwargs):
+        return local_run_on_hosts(hosts, work, settings, netns=name, **kwargs)
+
+    return run_on_hosts
+
+
+def test_two_nodes_all_reduce(layout, netns):
+    ns = netns()
     nodes = [Node("lab01", "127.0.0.1", 1, "cpu", True), Node("lab02", "127.0.0.1", 1, "cpu", True)]
     outcome = run_multinode(nodes, hosts("lab01", "lab02"), SETTINGS, jump_of=lambda h: None, port=free_port(),
-                            level="quick", layout=layout, run_on_hosts=local_run_on_hosts, join_seconds=20)
+                            level="quick", layout=layout, run_on_hosts=in_netns(ns), join_seconds=20, user="root")
     summary = outcome["summary"]
     assert summary["status"] == "pass", summary
+    assert summary["worker_uids"] == [0] and summary["firewall"]["allowed"] == ["127.0.0.1"]
+    assert netns_run(ns, "nft list tables").stdout == ""    # the rendezvous table is gone after the run
     result = outcome["results"]["lab02"]
     assert result["check"] == "multinode.allreduce" and result["status"] == "pass"
     assert result["reason"].startswith("all-reduce over 2 nodes (2 processes, gloo) correct; bus bandwidth ")
@@ -77,7 +136,7 @@ def test_a_host_that_cannot_join_is_named(layout):
              Node("lab03", "127.0.0.1", 1, "cpu", False, "cannot reach 127.0.0.1:42203 after 3 attempts")]
     outcome = run_multinode(nodes, hosts("lab01", "lab02", "lab03"), SETTINGS, jump_of=lambda h: None,
                             port=free_port(), level="quick", layout=layout, run_on_hosts=local_run_on_hosts,
-                            join_seconds=2)
+                            join_seconds=2, user="root")
     summary = outcome["summary"]
     assert summary["status"] == "fail" and set(summary["not_joined"]) == {"lab02", "lab03"}
     assert summary["not_joined"]["lab02"].startswith("its cluster_address 192.0.2.1 is not an address of this host")
@@ -93,7 +152,8 @@ def test_a_host_whose_address_is_not_its_own_is_not_waited_for(layout):
     nodes = [Node("lab01", "127.0.0.1", 1, "cpu", True), Node("lab02", "192.0.2.1", 1, "cpu", True)]
     started = time.monotonic()
     outcome = run_multinode(nodes, hosts("lab01", "lab02"), SETTINGS, jump_of=lambda h: None, port=free_port(),
-                            level="quick", layout=layout, run_on_hosts=local_run_on_hosts, join_seconds=30)
+                            level="quick", layout=layout, run_on_hosts=local_run_on_hosts, join_seconds=30,
+                            user="root")
     assert time.monotonic() - started < 15    # named at once, not after the 30 s join timeout
     assert list(outcome["summary"]["not_joined"]) == ["lab02"]
 
@@ -105,7 +165,8 @@ def test_an_unreachable_rendezvous_is_named(layout):
         busy.listen(1)
         nodes = [Node("lab01", "127.0.0.1", 1, "cpu", True), Node("lab02", "127.0.0.1", 1, "cpu", True)]
         outcome = run_multinode(nodes, hosts("lab01", "lab02"), SETTINGS, jump_of=lambda h: None, port=port,
-                                level="quick", layout=layout, run_on_hosts=local_run_on_hosts, join_seconds=2)
+                                level="quick", layout=layout, run_on_hosts=local_run_on_hosts, join_seconds=2,
+                                user="root")
     not_joined = outcome["summary"]["not_joined"]
     assert not_joined["lab01"].startswith(f"the rendezvous host cannot listen on 127.0.0.1:{port}")
 
@@ -114,15 +175,96 @@ def test_torchrun_command():
     nodes = [Node("gpu01", "10.1.0.11", 8, "cuda", True), Node("gpu02", "10.1.0.12", 8, "cuda", True)]
     command = torchrun_command(nodes[1], nodes, port=29400, rdzv_id="gpuprov-abc", level="quick")
     assert command.startswith("cd /opt/gpuprov/multinode || exit 1; IFACE=$(ip -o addr show")
-    assert ("exec /opt/gpuprov/venv/bin/python -m torch.distributed.run --nnodes=2 --nproc_per_node=8 "
-            "--rdzv_backend=c10d --rdzv_endpoint=10.1.0.11:29400 --rdzv_id=gpuprov-abc "
+    assert ("exec setpriv --reuid=gpuprov-validate --regid=gpuprov-validate --init-groups --no-new-privs env "
+            "HOME=/nonexistent /opt/gpuprov/venv/bin/python -E -s -B -m torch.distributed.run --nnodes=2 "
+            "--nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=10.1.0.11:29400 --rdzv_id=gpuprov-abc "
             "--rdzv_conf=join_timeout=60,read_timeout=60,is_host=0 --local_addr=10.1.0.12 --max_restarts=0 "
-            "allreduce_worker.py --inventory-name gpu02 --size-mib 256 --iters 10") in command
-    assert "is_host=1" in torchrun_command(nodes[0], nodes, port=29400, rdzv_id="x", level="quick")
+            "allreduce_worker.py --inventory-name gpu02 --size-mib 256 --iters 10 --expect-device cuda") in command
+    assert "nft" not in command   # only the rendezvous host firewalls its port
+    first = torchrun_command(nodes[0], nodes, port=29400, rdzv_id="x", level="quick",
+                             firewall=firewall_rules(29400, ["10.1.0.12"]))
+    assert "is_host=1" in first and "| nft -f - ||" in first and "exec " not in first.split("trap")[-1]
     image = torchrun_command(nodes[0], nodes, port=29400, rdzv_id="x", level="burn-in", image="nvcr.io/x:1")
     assert "docker run --rm --gpus all --ipc=host --network host --ulimit memlock=-1 --ulimit stack=67108864" in image
-    assert "nvcr.io/x:1 python3 -m" in image
+    assert ' --user "$U:$G" $GA nvcr.io/x:1 python3 -B -m' in image and "U=$(id -u gpuprov-validate)" in image
     assert "--iters 100" in image
+
+
+def test_the_image_workers_run_as_the_worker_user(tmp_path):
+    """The shell expands the user's ids into docker's --user and --group-add (docker here prints its arguments)."""
+    (tmp_path / "docker").write_text('#!/bin/sh\nfor a in "$@"; do printf "<%s>" "$a"; done\n')
+    (tmp_path / "docker").chmod(0o755)
+    nodes = [Node("gpu01", "127.0.0.1", 1, "cpu", True), Node("gpu02", "127.0.0.1", 1, "cpu", True)]
+    command = torchrun_command(nodes[1], nodes, port=29400, rdzv_id="x", level="quick", image="img:1", user="root")
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PATH": f"{tmp_path}:/usr/bin:/bin"})
+    groups = "".join(f"<--group-add><{g}>" for g in subprocess.run(["id", "-G", "root"], capture_output=True,
+                                                                  text=True, check=True).stdout.split())
+    assert f"<-e><HOME=/tmp><--user><0:0>{groups}<img:1><python3><-B><-m><torch.distributed.run>" in done.stdout
+
+
+def test_the_rendezvous_port_is_open_to_the_joined_hosts_only(netns):
+    """Two namespaces on a veth pair: the rendezvous host (10.250.0.1) and a peer with two addresses, one of a
+    joined host (10.250.0.2) and one of a stranger (10.250.0.3). The kernel decides what connects."""
+    host, peer = netns(), netns()
+    veth = f"gv{uuid.uuid4().hex[:6]}"
+    subprocess.run(["ip", "link", "add", veth + "a", "netns", host, "type", "veth", "peer", "name", veth + "b",
+                    "netns", peer], check=True)
+    netns_run(host, f"ip addr add 10.250.0.1/24 dev {veth}a && ip link set {veth}a up")
+    netns_run(peer, f"ip addr add 10.250.0.2/24 dev {veth}b && ip addr add 10.250.0.3/24 dev {veth}b && "
+                    f"ip link set {veth}b up")
+    port = 29411
+    server = subprocess.Popen(["ip", "netns", "exec", host, sys.executable, "-c",
+                               f"import socket, time; s = socket.create_server(('0.0.0.0', {port})); "
+                               "print('up', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline().strip() == "up"
+
+        def connects(source: str) -> bool:
+            code = ("import socket, sys\ns = socket.socket(); s.settimeout(2); s.bind((sys.argv[1], 0))\n"
+                    f"try:\n    s.connect(('10.250.0.1', {port})); print('yes')\nexcept OSError:\n    print('no')")
+            return netns_run(peer, f"{sys.executable} -c {shlex.quote(code)} {source}").stdout.strip() == "yes"
+
+        assert connects("10.250.0.2") and connects("10.250.0.3")        # open to anyone without the table
+        rules = firewall_rules(port, ["10.250.0.2"])
+        subprocess.run(["ip", "netns", "exec", host, "nft", "-f", "-"], input=rules, text=True, check=True)
+        assert connects("10.250.0.2") and not connects("10.250.0.3")
+        subprocess.run(["ip", "netns", "exec", host, "nft", "-f", "-"], input=rules, text=True, check=True)
+        assert netns_run(host, "nft list tables").stdout.count("gpuprov_rdzv") == 1   # reloads replace it
+    finally:
+        server.kill()
+        server.wait()
+
+
+@pytest.mark.parametrize("exit_code", [0, 3])
+def test_the_rendezvous_table_stands_while_torchrun_runs_and_goes_when_it_ends(tmp_path, netns, exit_code):
+    ns = netns()
+    layout = Layout(root=str(tmp_path / "opt"))
+    Path(layout.venv, "bin").mkdir(parents=True)
+    Path(layout.multinode).mkdir(parents=True)
+    Path(layout.python).write_text(f"#!/bin/sh\nnft list table inet gpuprov_rdzv_29412\nexit {exit_code}\n")
+    Path(layout.python).chmod(0o755)
+    nodes = [Node("lab01", "127.0.0.1", 1, "cpu", True), Node("lab02", "127.0.0.1", 1, "cpu", True)]
+    command = torchrun_command(nodes[0], nodes, port=29412, rdzv_id="x", level="quick", layout=layout,
+                               user="root", firewall=firewall_rules(29412, ["127.0.0.1"]))
+    done = netns_run(ns, command, check=False)
+    assert done.returncode == exit_code and "tcp dport 29412 drop" in done.stdout    # in place while it ran
+    assert netns_run(ns, "nft list tables").stdout == ""
+
+
+def test_a_rendezvous_host_without_nft_is_refused(layout):
+    """Fail closed: without nft the rendezvous port cannot be firewalled, and torchrun starts nowhere."""
+    def no_nft(hosts_, work, settings, **kwargs):
+        return local_run_on_hosts(hosts_, work, settings, env={**os.environ, "PATH": "/usr/bin:/bin"}, **kwargs)
+
+    assert subprocess.run(["sh", "-c", "command -v nft"], env={"PATH": "/usr/bin:/bin"}).returncode != 0
+    nodes = [Node("lab01", "127.0.0.1", 1, "cpu", True), Node("lab02", "127.0.0.1", 1, "cpu", True)]
+    outcome = run_multinode(nodes, hosts("lab01", "lab02"), SETTINGS, jump_of=lambda h: None, port=free_port(),
+                            level="quick", layout=layout, run_on_hosts=no_nft, join_seconds=5, user="root")
+    assert outcome["summary"]["not_joined"] == {
+        "lab01": f"cannot firewall the rendezvous port {outcome['summary']['rendezvous'].rsplit(':', 1)[1]}: nft is "
+                 "missing or does not work (install nftables; the rendezvous does not start unfirewalled)"}
+    assert "firewall" not in outcome["summary"]
 
 
 def test_nodes_from_validation_runs():
@@ -139,6 +281,14 @@ def test_nodes_from_validation_runs():
 
 
 def test_parse_output():
-    text = "W0101 warning\nGPUPROV-MULTINODE {\"world_size\": 16}\n[rank0]: done"
-    assert parse_output(text) == {"world_size": 16}
+    import json
+
+    line = {"world_size": 16, "backend": "nccl", "nodes": ["gpu01", "gpu02"], "size_bytes": 1 << 28,
+            "expected_sum": 136.0, "wrong_elements": 0, "algbw_gbs": 40.0, "busbw_gbs": 75.0}
+    text = f"W0101 warning\nGPUPROV-MULTINODE {json.dumps(line)}\n[rank0]: done"
+    assert parse_output(text) == line
     assert parse_output("RendezvousTimeoutError") is None
+    # a line that is not what the worker prints is no result (gpuprov.validation.document.ALLREDUCE)
+    assert parse_output(text.replace("75.0", "1e300")) is None
+    assert parse_output(text.replace("16", "[1, 2]", 1)) is None
+    assert parse_output("GPUPROV-MULTINODE " + "[" * 100000) is None

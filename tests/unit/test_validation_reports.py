@@ -5,7 +5,6 @@ on the host through a temporary file in the textfile folder."""
 from __future__ import annotations
 
 import json
-import textwrap
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -156,28 +155,40 @@ def test_textfile_is_renamed_over_the_old_one_in_its_folder():
     assert 'mv -f "$t" /var/lib/prometheus/node-exporter/gpuprov_validate.prom' in command
 
 
-INVENTORY = textwrap.dedent("""\
-    hosts:
-      gpu01: {address: 192.0.2.11, vars: {hardware: {gpu: H100-SXM, count: 8}}}
-      gpu02: {address: 192.0.2.12, vars: {hardware: {gpu: H100-SXM, count: 8}}}
-    """)
-
-
 def run_task(tmp_path, monkeypatch, documents: dict, **options):
-    """invoke validate with the hosts' validation replaced by suite documents (no SSH)."""
+    """invoke validate on one H100-SXM host per document (named by its key), each host's validation replaced
+    by the parse of its suite document (no SSH): a document that is refused is that host's failure, as the
+    executor makes it."""
+    from gpuprov.catalog import lookup
+    from gpuprov.errors import GpuprovError
     from gpuprov.tasks.validate import validate
     from gpuprov.validation import host as validation
+    from gpuprov.validation.suite_config import datasheet
 
     inventory = tmp_path / "inventory.yaml"
-    inventory.write_text(INVENTORY)
+    inventory.write_text("hosts:\n" + "".join(f"  {name}: {{address: 192.0.2.{i}, vars: {{hardware: {{gpu: H100-SXM, "
+                                               f"count: 8}}}}}}\n" for i, name in enumerate(documents, 11)))
 
     def fake_run_on_hosts(hosts, work, settings, *, jump_of=None, on_event=None):
-        return [Outcome(h, value=work(RecordingConn(h.name))) for h in hosts]
+        outcomes = []
+        for h in hosts:
+            try:
+                outcomes.append(Outcome(h, value=work(RecordingConn(h.name))))
+            except GpuprovError as exc:
+                outcomes.append(Outcome(h, error=exc))
+        return outcomes
 
     def fake_validate_host(conn, host, opts, say=None):
-        doc = parse_document(host.name, json.dumps(documents[host.name]))
-        return HostValidation(host.name, address=host.address, gpu="H100-SXM", versions=doc["versions"],
-                              results=doc["results"], config={"gpus_visible": True}, textfile_dir="/srv/prom")
+        run = HostValidation(host.name, address=host.address, gpu="H100-SXM", config={"gpus_visible": True},
+                             textfile_dir="/srv/prom")
+        text = documents[host.name] if isinstance(documents[host.name], str) else json.dumps(documents[host.name])
+        try:
+            doc = parse_document(host.name, text, datasheet=datasheet(lookup("H100-SXM")))
+        except GpuprovError as exc:
+            exc.run = run
+            raise
+        run.versions, run.results = doc["versions"], doc["results"]
+        return run
 
     monkeypatch.setattr("gpuprov.executor.run_on_hosts", fake_run_on_hosts)
     monkeypatch.setattr(validation, "validate_host", fake_validate_host)
@@ -196,10 +207,10 @@ def test_a_failed_check_exits_1_and_every_report_is_written(tmp_path, monkeypatc
     assert [h["status"] for h in report["hosts"]] == ["fail", "fail"]
     ecc = next(r for r in report["hosts"][0]["results"] if r["check"] == "host.ecc")
     assert ecc["reason"] == "GPU 3: 2 uncorrectable (volatile) ECC errors"
-    # two identical hosts: every fleet figure at the median, so the fleet checks pass
+    # two hosts: one peer each is no fleet to compare with (at least 3 needed)
     fleet = [r for r in report["hosts"][0]["results"] if r["check"].startswith("fleet.")]
-    assert {r["check"]: r["status"] for r in fleet} == {"fleet.perf.matmul": "pass", "fleet.perf.copy": "pass",
-                                                        "fleet.perf.allreduce": "pass"}
+    assert {r["check"]: r["status"] for r in fleet} == {"fleet.perf.matmul": "skip", "fleet.perf.copy": "skip",
+                                                        "fleet.perf.allreduce": "skip"}
     root = ET.parse(reports / "validate-latest.xml").getroot()
     assert sorted(s.get("name") for s in root.findall("testsuite")) == ["gpu01", "gpu02"]
     assert (reports / "textfile" / "gpu01.prom").read_text().count("gpuprov_check_ok{") == 9
@@ -210,10 +221,13 @@ def test_a_failed_check_exits_1_and_every_report_is_written(tmp_path, monkeypatc
 def test_all_passing_exits_0_and_places_textfiles(tmp_path, monkeypatch, capsys):
     passing = json.loads(json.dumps(DOCUMENT))
     passing["results"] = [r for r in passing["results"] if r["status"] == "pass"]
-    run_task(tmp_path, monkeypatch, {"gpu01": passing, "gpu02": passing}, json_=True)
+    names = ("gpu01", "gpu02", "gpu03", "gpu04")
+    run_task(tmp_path, monkeypatch, dict.fromkeys(names, passing), json_=True)
     printed = json.loads(capsys.readouterr().out)
-    assert [h["status"] for h in printed["hosts"]] == ["pass", "pass"]
-    assert [h["textfile"] for h in printed["hosts"]] == [{"path": "/srv/prom/gpuprov_validate.prom"}] * 2
+    assert [h["status"] for h in printed["hosts"]] == ["pass"] * 4     # four hosts: three peers each
+    fleet = {r["check"]: r["thresholds"]["hosts"] for r in printed["hosts"][0]["results"] if r["check"][:6] == "fleet."}
+    assert fleet == {"fleet.perf.matmul": 3, "fleet.perf.copy": 3, "fleet.perf.allreduce": 3}
+    assert [h["textfile"] for h in printed["hosts"]] == [{"path": "/srv/prom/gpuprov_validate.prom"}] * 4
     assert printed["junit"].endswith(".xml") and printed["report"].endswith(".json")
 
 
@@ -234,15 +248,96 @@ def test_tables_print_names_and_reasons_as_written(capsys):
     assert "rendezvous [10.0.0.1]:29400): fail gpu\\n02 did not join [/]" in out
 
 
-def test_a_figure_that_is_not_a_number_is_null_in_the_json_report(tmp_path, monkeypatch, capsys):
+STRICT_JSON = {"parse_constant": lambda name: pytest.fail(f"{name} in the JSON")}   # jq refuses NaN
+
+
+def forged_run(tmp_path, monkeypatch, capsys, forge) -> tuple[dict, dict]:
+    """Four passing hosts, the last one's document changed by `forge`: (printed report by host, exit code)."""
     passing = json.loads(json.dumps(DOCUMENT))
     passing["results"] = [r for r in passing["results"] if r["status"] == "pass"]
-    passing["results"][-1]["figures"]["busbw_gbs"] = float("nan")
-    run_task(tmp_path, monkeypatch, {"gpu01": passing, "gpu02": passing}, json_=True, textfile=False)
-    strict = {"parse_constant": lambda name: pytest.fail(f"{name} in the JSON")}   # jq refuses NaN
-    printed = json.loads(capsys.readouterr().out, **strict)
-    allreduce = next(r for r in printed["hosts"][0]["results"] if r["check"] == "perf.allreduce")
-    assert allreduce["figures"]["busbw_gbs"] is None
-    saved = json.loads((tmp_path / "reports" / "validate-latest.json").read_text(), **strict)
-    assert next(r for r in saved["hosts"][0]["results"] if r["check"] == "perf.allreduce")["figures"] == {
-        "busbw_gbs": None}
+    forged = json.loads(json.dumps(passing))
+    forged = forge(forged) or forged
+    documents = {"gpu01": passing, "gpu02": passing, "gpu03": passing, "liar": forged}
+    with pytest.raises(Exit) as caught:
+        run_task(tmp_path, monkeypatch, documents, json_=True)
+    printed = json.loads(capsys.readouterr().out, **STRICT_JSON)
+    saved = json.loads((tmp_path / "reports" / "validate-latest.json").read_text(), **STRICT_JSON)
+    assert saved["hosts"] == printed["hosts"]
+    return {h["host"]: h for h in printed["hosts"]}, caught.value.code
+
+
+def honest_hosts_are_judged_and_reported(tmp_path, hosts: dict) -> None:
+    """The three honest hosts: passed, their fleet checks against each other only, their textfiles placed."""
+    for name in ("gpu01", "gpu02", "gpu03"):
+        entry = hosts[name]
+        assert entry["error"] is None and entry["textfile"] == {"path": "/srv/prom/gpuprov_validate.prom"}
+        assert all(r["status"] != "fail" for r in entry["results"]), entry["results"]
+        assert {r["thresholds"]["hosts"] for r in entry["results"] if r["check"].startswith("fleet.")} == {2}
+        assert (tmp_path / "reports" / "textfile" / f"{name}.prom").is_file()
+    assert hosts["liar"]["results"] == [] and hosts["liar"]["status"] == "error"
+    liar = (tmp_path / "reports" / "textfile" / "liar.prom").read_text()
+    assert 'gpuprov_check_ok{host="liar",check="validation"} 0' in liar
+
+
+def test_a_document_whose_figures_are_a_list_is_its_hosts_failure(tmp_path, monkeypatch, capsys):
+    # the bug: `figures: [1, 2]` crashed apply_fleet on the main thread, and no host got a report
+    def forge(document):
+        document["results"][0]["figures"] = [1, 2]
+
+    hosts, code = forged_run(tmp_path, monkeypatch, capsys, forge)
+    assert code == 1
+    assert hosts["liar"]["error"]["error"] == ("the suite printed no valid result document (results[0].figures: must "
+                                               "be a mapping, not list [1, 2]); exit 0")
+    assert hosts["liar"]["error"]["step"] == "suite"
+    honest_hosts_are_judged_and_reported(tmp_path, hosts)
+
+
+def test_a_figure_far_beyond_the_datasheet_is_its_hosts_failure(tmp_path, monkeypatch, capsys):
+    # the bug: one peer at 1e300 made every honest host fail "100.0% below the fleet median"
+    def forge(document):
+        document["results"][0]["figures"]["bf16_tflops"] = 1e300
+
+    hosts, _ = forged_run(tmp_path, monkeypatch, capsys, forge)
+    assert ("results[0].figures.bf16_tflops: perf.matmul bf16_tflops 1e+300 TFLOP/s is above what the GPU can do: "
+            "1038.45 (the datasheet's bf16_tflops 989 + 5 %)") in hosts["liar"]["error"]["error"]
+    honest_hosts_are_judged_and_reported(tmp_path, hosts)
+
+
+@pytest.mark.parametrize("forge,why", [
+    (lambda d: d["results"][-1]["figures"].update(busbw_gbs=float("nan")),
+     "results[2].figures.busbw_gbs: must be a finite number, not nan"),
+    (lambda d: d["results"][1]["figures"]["per_gpu"][1].update(d2d_gbs=99999.0),
+     "results[1].figures.per_gpu[1].d2d_gbs: perf.copy d2d_gbs 99999 GB/s is above what the GPU can do: 3517.5 "
+     "(the datasheet's mem_bw_gbs 3350 + 5 %)"),
+    (lambda d: d["results"][0].update(status="ok"), "results[0].status: 'ok' is not one of 'pass', 'fail', 'skip', "
+                                                     "'warn'"),
+    (lambda d: d["results"].append(d["results"][0]), "results[3]: check 'perf.matmul' comes twice (first at "
+                                                      "results[0])"),
+    (lambda d: d["results"][0].update(reason="x" * 70000), "results[0].reason: is 70000 characters long, at most "
+                                                           "65536 allowed"),
+    (lambda d: d.update(versions=[1]), "versions: must be a mapping, not list [1]"),
+    (lambda d: d["results"][0].update(seconds="1"), "results[0].seconds: must be a number, not str '1'"),
+    (lambda d: d["results"][0].update(figures={"per_gpu": [[[[[[[[[[[1]]]]]]]]]]]}),
+     "results[0].figures.per_gpu[0][0][0][0][0][0][0][0][0]: is nested more than 9 levels deep"),
+], ids=["nan", "per-gpu-copy", "status", "twice", "long-reason", "versions", "seconds", "deep"])
+def test_a_malformed_document_fails_its_host_only(tmp_path, monkeypatch, capsys, forge, why):
+    hosts, code = forged_run(tmp_path, monkeypatch, capsys, forge)
+    assert code == 1
+    assert hosts["liar"]["error"]["error"] == f"the suite printed no valid result document ({why}); exit 0"
+    honest_hosts_are_judged_and_reported(tmp_path, hosts)
+
+
+def test_a_stopped_hosts_output_is_cut_to_its_tail_in_the_report():
+    from gpuprov.errors import GpuprovError
+    from gpuprov.validation.host import failed_run
+
+    output = "".join(f"line {i}\n" for i in range(200000))    # 2.2 MB a host printed before it failed
+    error = GpuprovError("pip install failed", host="gpu01", step="python env", output=output)
+    run = failed_run(Outcome(type("H", (), {"name": "gpu01", "address": "192.0.2.11"})(), error=error))
+    kept = run.to_dict()["error"]["output"]
+    note, _, tail = kept.partition("\n")
+    assert note == f"[gpuprov: the first {len(output) - 65536} characters of the output are left out of the report]"
+    assert tail == output[-65536:] and tail.endswith("line 199999\n")
+    short = failed_run(Outcome(type("H", (), {"name": "gpu02", "address": "192.0.2.12"})(),
+                               error=GpuprovError("down", output="one line")))
+    assert short.error["output"] == "one line"

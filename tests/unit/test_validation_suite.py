@@ -10,10 +10,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from test_validation_env import LocalConn, tiny_wheelhouse
 
+from gpuprov.errors import GpuprovError
 from gpuprov.inventory import load_inventory
 from gpuprov.validation import Layout
+from gpuprov.validation.host import TEXTFILE, publish_textfile
 from gpuprov.validation.remote import Remote
 from gpuprov.validation.suite import files_digest, push_suite, run_suite, suite_command, write_config
 
@@ -52,7 +55,9 @@ def test_suite_is_copied_once_and_swapped_in(tmp_path):
     copied = {str(p.relative_to(layout.smoke)) for p in Path(layout.smoke).rglob("*") if p.is_file()}
     assert copied == {*STAND_IN, ".gpuprov-digest"}
     assert Path(layout.smoke_marker).read_text().strip() == files_digest(STAND_IN)
-    assert os.listdir(layout.incoming) == []          # the staged copy was moved, not left behind
+    assert sorted(os.listdir(layout.root)) == ["smoke"]   # the root-only staging folder was moved, not left behind
+    assert conn.uploads == [] and all(conn.sudo)          # over root's stdin: nothing the SSH user could write
+    assert all(os.stat(p).st_uid == 0 for p in Path(layout.smoke).rglob("*"))
     conn.commands.clear()
     assert push_suite(remote, files_digest(STAND_IN), layout, STAND_IN) is False
     assert conn.commands == []
@@ -65,7 +70,7 @@ def test_suite_is_copied_once_and_swapped_in(tmp_path):
 def test_suite_commands():
     layout = Layout()
     assert suite_command(level="quick", strict=False) == (
-        "cd /opt/gpuprov && PYTHONDONTWRITEBYTECODE=1 /opt/gpuprov/venv/bin/python -m smoke "
+        "cd /opt/gpuprov && /opt/gpuprov/venv/bin/python -E -s -B -m smoke "
         "--config /opt/gpuprov/run/config.json --level quick")
     assert suite_command(level="burn-in", strict=True, only=["host.ecc", "perf.matmul"], layout=layout).endswith(
         "--level burn-in --strict --only host.ecc,perf.matmul")
@@ -93,6 +98,47 @@ def test_config_and_run(tmp_path):
                          "quick")
     assert document["results"] == [{"check": "host.gpus", "status": "fail", "reason": "expected 8 x H100-SXM, probe 7",
                                     "figures": {"only": "host.gpus"}, "thresholds": {}, "seconds": 0.0}]
+
+
+def test_a_suite_that_differs_from_its_sums_is_not_swapped_in(tmp_path, monkeypatch):
+    from gpuprov.validation import suite
+
+    layout = Layout(root=str(tmp_path / "opt"))
+    remote = Remote(LocalConn())
+    push_suite(remote, None, layout, STAND_IN)
+    real = suite.suite_archive
+    monkeypatch.setattr(suite, "suite_archive", lambda files: real({**files, "__init__.py": b"import os\n"}))
+    with pytest.raises(GpuprovError, match="command failed") as caught:
+        push_suite(remote, "other", layout, {**STAND_IN, "checks/two.py": b"X = 1\n"})
+    assert "__init__.py: FAILED" in caught.value.output
+    assert sorted(os.listdir(layout.root)) == ["smoke"] and Path(layout.smoke, "__init__.py").read_bytes() == b""
+
+
+@pytest.mark.parametrize("owner", ["other user", "group writable", "symlinked"])
+def test_root_writes_only_into_folders_root_alone_can_change(tmp_path, owner):
+    """The suite config and the textfile: a folder another user can change (where a symlink could be swapped in
+    for the temporary file) is refused, and nothing is written through it."""
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    folder = tmp_path / "textfile"
+    if owner == "symlinked":
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        os.chown(theirs, 65534, -1)
+        folder.symlink_to(theirs)
+    else:
+        folder.mkdir()
+        os.chown(folder, 65534, -1) if owner == "other user" else folder.chmod(0o775)
+    with pytest.raises(GpuprovError, match=f"root does not write into {folder}: ") as caught:
+        publish_textfile(LocalConn(), "gpuprov_up 1\n", str(folder))
+    assert "validate.textfile_dir" in caught.value.hint
+    assert caught.value.message.endswith(("is owned by uid 65534, not root", "(mode 775)"))
+    assert os.listdir(folder) == []
+    layout = Layout(root=str(folder / "opt"))
+    with pytest.raises(GpuprovError, match="root does not write into"):
+        write_config(Remote(LocalConn()), {"host": "lab01"}, layout)
+    assert not os.path.exists(layout.root)
+    assert publish_textfile(LocalConn(), "gpuprov_up 1\n", str(target / "new")) == f"{target}/new/{TEXTFILE}"
 
 
 INVENTORY = textwrap.dedent("""\
