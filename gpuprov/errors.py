@@ -38,7 +38,7 @@ class GpuprovError(Exception):
 
     def __str__(self) -> str:
         # masked before the layout too: a secret cut by a line break or the tail's indent would escape the mask
-        shown = self.to_dict()
+        shown = self._masked_fields()
         parts = []
         if shown["host"]:
             parts.append(f"[{literal(shown['host'])}]")
@@ -55,10 +55,13 @@ class GpuprovError(Exception):
             text += "\n  next: " + literal_lines(shown["hint"]).replace("\n", "\n    ")
         return mask_credentials(text)
 
-    def to_dict(self) -> dict:
+    def _masked_fields(self) -> dict:
         fields = {"error": self.message, "host": self.host, "step": self.step,
                   "command": self.command, "output": self.output, "hint": self.hint}
         return {key: mask_credentials(value) if isinstance(value, str) else value for key, value in fields.items()}
+
+    def to_dict(self) -> dict:
+        return self._masked_fields()
 
 
 class InputError(GpuprovError):

@@ -114,6 +114,11 @@ def check_sudo_passwords(hosts) -> None:
     rather than each such host failing at connect (a terminal asks once per variable, as before)."""
     import os
 
+    broken = sorted({h.sudo_password_env for h in hosts if h.sudo_password_env
+                     and any(c in os.environ.get(h.sudo_password_env, "") for c in "\r\n\0")})
+    if broken:
+        raise InputError(f"the sudo password in {', '.join(broken)} has a line break or NUL: sudo reads one line",
+                         step="sudo", hint="export the password alone, without a trailing newline")
     if sys.stdin is not None and sys.stdin.isatty():
         return
     missing: dict[str, list[str]] = {}

@@ -534,6 +534,16 @@ def test_a_missing_sudo_password_variable_is_exit_2_from_every_task(tmp_path, ca
     assert contacted == [] and not (tmp_path / "reports").exists()
 
 
+def test_a_sudo_password_with_a_line_break_is_exit_2_before_any_host(tmp_path, capsys, contacted, monkeypatch):
+    monkeypatch.setenv("GPU_SUDO_PW", "hunter2\ntouch /tmp/pwned")
+    inventory = INVENTORY.replace("groups:\n", "defaults: {user: gpuadmin, sudo: {password_env: GPU_SUDO_PW}}\n"
+                                               "groups:\n")
+    err = bad_input(facts_tasks.facts, context(tmp_path, inventory), capsys, all=True)
+    assert "the sudo password in GPU_SUDO_PW has a line break or NUL" in err
+    assert "hunter2" not in err and "pwned" not in err
+    assert contacted == []
+
+
 def test_stack_lock_from_the_inventory_alone_needs_no_sudo_password(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("GPU_SUDO_PW", raising=False)
     inventory = INVENTORY.replace("groups:\n", "defaults: {sudo: {password_env: GPU_SUDO_PW}}\ngroups:\n")
