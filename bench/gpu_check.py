@@ -1,12 +1,12 @@
 """The whole validation suite on this machine's GPUs, without SSH: `bench/gpu_check.sh` (see bench/README.md).
 
 The suite config is the one `invoke validate` would write for this machine (gpuprov.validation.suite_config.
-build_config): the GPU model the catalog names for what nvidia-smi reports, their count, NVSwitches when lspci
-shows them, the datasheet figures and the 80 % threshold; no provisioned stack, so the driver is judged for a
-driver/library mismatch only. The suite runs from this checkout (`python -m gpuprov.smoke`, the same code
-validate copies to hosts) with this Python, which must have torch; then the reports are written as validate
-writes them (JSON, JUnit, Prometheus textfile) into bench/results/, the performance figures are printed as a
-percentage of the datasheet, and the check table comes last.
+build_config): the GPU model the catalog names for what nvidia-smi reports, their count, NVSwitches when lspci shows
+them, the expected (published, measured) figures, the datasheet and the 80 % threshold; no provisioned stack, so the
+driver is judged for a driver/library mismatch only. The suite runs from this checkout (`python -m gpuprov.smoke`,
+the same code validate copies to hosts) with this Python, which must have torch; then the reports are written as
+validate writes them (JSON, JUnit, Prometheus textfile) into bench/results/, the performance figures are printed as
+a percentage of the expected figure (with its source) and of the datasheet, and the check table comes last.
 """
 
 from __future__ import annotations
@@ -79,24 +79,32 @@ def build(level: str, image: str | None) -> tuple[dict, object]:
 
 
 def percentages(results: list[dict], config: dict) -> list[str]:
-    """The perf figures as a percentage of the datasheet (bf16 TFLOP/s, copies against the memory bandwidth
-    and the PCIe link)."""
-    sheet = config["datasheet"]
+    """The perf figures as a percentage of the model's expected figure (published measurements, with the basis the
+    config records) and of the datasheet (copies against the memory bandwidth and the PCIe link)."""
+    sheet, expected, basis = config["datasheet"], config.get("expected") or {}, config.get("expected_basis") or {}
     lines = []
     by_check = {r["check"]: r["figures"] for r in results}
     against = {"perf.matmul": [("bf16_tflops", "bf16_tflops", "TFLOP/s"), ("fp16_tflops", "fp16_tflops", "TFLOP/s"),
                                ("tf32_tflops", "tf32_tflops", "TFLOP/s")],
                "perf.copy": [("d2d_gbs", "mem_bw_gbs", "GB/s"), ("h2d_gbs", "pcie_gbs", "GB/s"),
-                             ("d2h_gbs", "pcie_gbs", "GB/s")]}
+                             ("d2h_gbs", "pcie_gbs", "GB/s")],
+               "perf.allreduce": [("allreduce_busbw_gbs", None, "GB/s")]}
     for check, pairs in against.items():
         if str((by_check.get(check) or {}).get("device", "")).startswith("CPU"):
-            lines.append(f"{check}: measured on the CPU (torch sees no GPU), not a percentage of the datasheet")
+            lines.append(f"{check}: measured on the CPU (torch sees no GPU), not a percentage of any GPU figure")
             continue
         for figure, datasheet, unit in pairs:
-            value, peak = (by_check.get(check) or {}).get(figure), sheet.get(datasheet)
-            if isinstance(value, int | float) and peak:
-                lines.append(f"{check} {figure}: {value:g} {unit} = {100 * value / peak:.1f}% of the datasheet's "
-                             f"{peak:g} ({datasheet})")
+            value = (by_check.get(check) or {}).get(figure)
+            if not isinstance(value, (int, float)):
+                continue
+            parts = [f"{check} {figure}: {value:g} {unit}"]
+            if expected.get(figure):
+                parts.append(f"{100 * value / expected[figure]:.1f}% of the expected {expected[figure]:g} "
+                             f"({basis.get(figure, 'no basis recorded')})")
+            if datasheet and sheet.get(datasheet):
+                parts.append(f"{100 * value / sheet[datasheet]:.1f}% of the datasheet's {sheet[datasheet]:g} "
+                             f"({datasheet})")
+            lines.append(" = ".join(parts[:1]) + (" = " + "; ".join(parts[1:]) if parts[1:] else ""))
     return lines
 
 
@@ -133,13 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     entry = run.to_dict()
     finished = time.time()
     payload = {"tool": "bench/gpu_check.sh", "level": args.level, "wall_s": round(wall, 1), "limit_s": LIMIT_S,
-               "percent_of_datasheet": percentages(entry["results"], config), "hosts": [entry],
+               "percentages": percentages(entry["results"], config), "hosts": [entry],
                "finished_epoch": finished}
     report = reports.write_json_report(RESULTS, "gpu-check", payload)
     junit = reports.write_report_sibling(report, "gpu-check", ".xml", reports.junit_report([entry]))
     textfile = reports.write_report_sibling(report, "gpu-check", ".prom", reports.prometheus_textfile(entry, finished))
     print(f"versions: {json.dumps(entry['versions'], sort_keys=True)}")
-    for line in payload["percent_of_datasheet"]:
+    for line in payload["percentages"]:
         print(line)
     print(f"report: {report}\njunit: {junit}\ntextfile: {textfile}")
     print(f"whole suite: {wall:.1f} s wall ({'under' if wall < LIMIT_S else 'OVER'} the {LIMIT_S} s target)")

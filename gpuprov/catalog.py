@@ -1,4 +1,6 @@
-"""GPU catalog (data in `gpuprov/data/gpus.yaml`): PCI device id, nvidia-smi name or alias -> GpuModel."""
+"""GPU catalog (data in `gpuprov/data/gpus.yaml`): PCI device id, nvidia-smi name or alias -> GpuModel; and what a
+healthy GPU of a model is expected to reach (expected_figures: published measurements with their sources, or a
+marked fallback share of the datasheet)."""
 
 from __future__ import annotations
 
@@ -100,3 +102,107 @@ FOURTH_GENERATION = 4
 def nvswitch_generation(arch: str) -> int | None:
     """The NVSwitch generation of an architecture's HGX/DGX baseboard (None: no NVSwitch baseboard)."""
     return table("gpus")["nvswitch_generations"].get(arch)
+
+
+# ------------------------------------------------------------------------------------------- expected figures
+
+MATMUL_FIGURES = ("bf16_tflops", "fp16_tflops", "tf32_tflops")
+COPY_FIGURES = ("d2d_gbs", "h2d_gbs", "d2h_gbs")
+EXPECTED_KEYS = (*MATMUL_FIGURES, *COPY_FIGURES, "allreduce_busbw_gbs")
+PCIE_LANE_GBS = {3: 8 * 128 / 130 / 8, 4: 16 * 128 / 130 / 8, 5: 32 * 128 / 130 / 8}   # one direction, GB/s
+
+
+@dataclass(frozen=True)
+class Expected:
+    """One expected figure and what it rests on ("measured: ..." from a published source, or "fallback: ...")."""
+
+    value: float
+    basis: str
+
+
+def pcie_link_gbs(generation: int, width: int) -> float:
+    """One direction of a PCIe link after 128b/130b encoding: 63.0 GB/s for Gen5 x16."""
+    return round(PCIE_LANE_GBS[generation] * width, 2)
+
+
+def _source(name: str) -> str:
+    row = table("gpus")["expected_sources"][name]
+    return f"{row['url']} ({row['date']})"
+
+
+def _pcie_generation(link_gbs: float) -> int | None:
+    return next((gen for gen in PCIE_LANE_GBS if abs(pcie_link_gbs(gen, 16) - link_gbs) < 0.1), None)
+
+
+def _matmul(row: dict, measured: dict) -> dict[str, Expected | None]:
+    """bf16 from the published sweep, fp16 and tf32 as the same share of their datasheet figures; the fallback
+    share of the datasheet without a published sweep."""
+    out: dict[str, Expected | None] = {}
+    bf16 = measured.get("bf16_tflops")
+    if bf16 and row.get("bf16_tflops"):
+        share = bf16["value"] / row["bf16_tflops"]
+        basis = (f"measured: {bf16['value']:g} TFLOP/s bf16 at {bf16['shape']} ({share:.1%} of the datasheet's "
+                 f"{row['bf16_tflops']:g}), {_source(bf16['source'])}")
+    else:
+        fallback = table("gpus")["expected_fallback"]["matmul_share"]
+        share, basis = fallback["value"], f"fallback: no published sweep for this model; {fallback['basis']}"
+    for figure in MATMUL_FIGURES:
+        sheet = row.get(figure)
+        if not sheet:
+            out[figure] = None
+        elif figure == "bf16_tflops" and bf16:
+            out[figure] = Expected(float(bf16["value"]), basis)
+        else:
+            how = basis if figure == "bf16_tflops" or basis.startswith("fallback") else \
+                f"derived: the measured bf16 share {share:.1%} of the datasheet's {sheet:g} (no published sweep)"
+            out[figure] = Expected(round(share * sheet, 1), how)
+    return out
+
+
+def _copies(row: dict, measured: dict) -> dict[str, Expected | None]:
+    data = table("gpus")
+    d2d = measured.get("d2d_gbs")
+    if d2d:
+        out: dict[str, Expected | None] = {"d2d_gbs": Expected(
+            float(d2d["value"]), f"measured: {d2d['value']:g} GB/s ({d2d['value'] / row['mem_bw_gbs']:.1%} of "
+                                 f"{row['mem_bw_gbs']:g}), {_source(d2d['source'])}")}
+    else:
+        fallback = data["expected_fallback"]["d2d_share"]
+        out = {"d2d_gbs": Expected(round(fallback["value"] * row["mem_bw_gbs"], 1),
+                                   f"fallback: no published measurement for this model; {fallback['basis']}")}
+    link = row.get("pcie_gbs")
+    generation = _pcie_generation(link) if link else None
+    copy = data["pcie_copy"]
+    for figure in ("h2d_gbs", "d2h_gbs"):
+        if generation is None:
+            out[figure] = None
+            continue
+        share = copy[figure] / pcie_link_gbs(copy["generation"], copy["width"])
+        same = generation == copy["generation"]
+        note = "" if same else f"; Gen{generation} is unpublished: that share of its own x16 rate"
+        kind, rate = "measured" if same else "derived", pcie_link_gbs(copy["generation"], copy["width"])
+        out[figure] = Expected(float(copy[figure]) if same else round(share * link, 2), (
+            f"{kind}: {copy[figure]:g} GB/s on PCIe Gen{copy['generation']} x{copy['width']} ({share:.1%} of "
+            f"{rate:g}), {_source(copy['source'])}{note}"))
+    return out
+
+
+def _allreduce(model: GpuModel, gpus: int | None, nvswitch: bool, h2d: Expected | None) -> Expected | None:
+    for entry in table("gpus")["allreduce_busbw"]:
+        if nvswitch and entry["topology"] == "nvswitch" and entry["arch"] == model.arch and entry["gpus"] == gpus:
+            return Expected(float(entry["busbw_gbs"]), f"measured: {entry['busbw_gbs']:g} GB/s busbw, {gpus} x "
+                                                       f"{model.arch} with NVSwitch, {_source(entry['source'])}")
+    if not nvswitch and model.form_factor == "pcie" and h2d is not None:
+        return Expected(h2d.value, "fallback: GPUs over PCIe, no published all-reduce figure: the PCIe copy "
+                                   "figure (the link is the bottleneck)")
+    return None
+
+
+def expected_figures(model: GpuModel, gpus: int | None = None, nvswitch: bool = False) -> dict[str, Expected | None]:
+    """What a healthy GPU of `model` reaches (None: nothing to expect), for `gpus` GPUs of a host with or without
+    NVSwitch: the matmul, copy and all-reduce figures of EXPECTED_KEYS."""
+    row = table("gpus")["models"][model.key]
+    measured = row.get("expected") or {}
+    out = {**_matmul(row, measured), **_copies(row, measured)}
+    out["allreduce_busbw_gbs"] = _allreduce(model, gpus, nvswitch, out["h2d_gbs"]) if (gpus or 0) > 1 else None
+    return out

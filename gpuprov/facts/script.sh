@@ -19,13 +19,13 @@ s modules; cut -d' ' -f1 /proc/modules 2>/dev/null | grep -E '^(nouveau|nvidia|n
 s nouveau-blacklist; grep -rhsE '^[[:space:]]*blacklist[[:space:]]+nouveau' /etc/modprobe.d /usr/lib/modprobe.d /lib/modprobe.d
 s packages
 if have dpkg-query; then
-  dpkg-query -W -f='${db:Status-Abbrev}\t${Package}\t${Version}\n' 'nvidia*' 'libnvidia*' 'cuda*' 'libcuda*' \
-    'libnccl*' 'datacenter-gpu-manager*' 'libxnvctrl*' 'xserver-xorg-video-nvidia*' 'nvlsm*' 'dkms' \
+  dpkg-query -W -f='${db:Status-Abbrev}\t${Package}\t${Version}\n' 'nvidia*' 'libnvidia*' 'cuda*' 'libcu*' 'libnpp*' 'libnv*' \
+    'gds-tools*' 'nsight-*' 'libnccl*' 'datacenter-gpu-manager*' 'libxnvctrl*' 'xserver-xorg-video-nvidia*' 'nvlsm*' 'dkms' \
     'linux-headers-*' 'linux-image-*' 'docker.io' 'docker-ce' 'unattended-upgrades' 'prometheus' \
     'prometheus-node-exporter' 2>/dev/null | grep '^[ih]i'
 elif have rpm; then
   rpm -qa --qf 'ii \t%{NAME}\t%{EPOCH}:%{VERSION}-%{RELEASE}\n' 2>/dev/null |
-    grep -E '	(nvidia|libnvidia|cuda|libcuda|libnccl|datacenter-gpu-manager|dkms|kmod-nvidia|kernel-devel|kernel-headers|docker|moby|python3-dnf-plugin-versionlock|nvlsm|prometheus)'
+    grep -E '	(nvidia|libnvidia|cuda|libcu|libnpp|libnv|gds-tools|nsight-|libnccl|datacenter-gpu-manager|dkms|kmod-nvidia|kernel-devel|kernel-headers|docker|moby|python3-dnf-plugin-versionlock|nvlsm|prometheus)'
 fi
 s secure-boot
 if [ -d /sys/firmware/efi ]; then

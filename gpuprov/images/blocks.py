@@ -23,7 +23,7 @@ from gpuprov.errors import InputError, literal
 from gpuprov.images import PROJECT
 from gpuprov.images.labels import image_labels
 from gpuprov.images.model import Image
-from gpuprov.images.versions import require_cuda
+from gpuprov.images.versions import driver_capabilities, require_cuda
 from gpuprov.inventory.diagnostics import problem_line
 from gpuprov.validation import LAYOUT
 from gpuprov.validation.suite_config import TORCH_INDEX
@@ -32,9 +32,9 @@ DOCKERFILE = "Dockerfile.j2"
 WORKDIR = "/workspace"
 SMOKE_ENTRY = "/usr/local/bin/gpuprov-smoke"
 WHEELS_IN_BUILD = "/tmp/gpuprov-wheels"
-# The NVIDIA container contract: every GPU the runtime is given, and what of the driver the job needs.
+# The NVIDIA container contract: every GPU the runtime is given (what the job needs of the driver and which
+# drivers fit come from NVIDIA's own images, gpuprov/data/*.yaml image_contract).
 NVIDIA_VISIBLE_DEVICES = "all"
-NVIDIA_DRIVER_CAPABILITIES = "compute,utility"
 
 
 @dataclass(frozen=True)
@@ -141,11 +141,13 @@ def _pip(image: Image) -> dict:
 
 
 def _environment(image: Image) -> list[tuple[str, str]]:
-    """The NVIDIA contract (NVIDIA_REQUIRE_CUDA only for an image with CUDA), then the spec's settings."""
+    """The NVIDIA contract as NVIDIA's images write it (NVIDIA_REQUIRE_CUDA only for an image with CUDA), then the
+    spec's settings."""
     contract = [("NVIDIA_VISIBLE_DEVICES", NVIDIA_VISIBLE_DEVICES),
-                ("NVIDIA_DRIVER_CAPABILITIES", NVIDIA_DRIVER_CAPABILITIES)]
-    if image.versions.cuda:
-        contract.append(("NVIDIA_REQUIRE_CUDA", require_cuda(image.versions.cuda)))
+                ("NVIDIA_DRIVER_CAPABILITIES", driver_capabilities())]
+    required = require_cuda(image.base.kind, image.versions.cuda)
+    if required:
+        contract.append(("NVIDIA_REQUIRE_CUDA", required))
     return contract + list(image.env)
 
 

@@ -33,6 +33,20 @@ MAX_CA_BYTES = 1024 * 1024
 MAX_ID = 2**31 - 1
 HEALTHCHECK_KEYS = ("test", "interval", "timeout", "start_period", "retries")
 USER_KEYS = ("name", "uid", "gid")
+# Debian and Ubuntu packages that depend on others at exactly their own version (`(= ${binary:Version})` in
+# python3-defaults' debian/control; `apt-cache show python3` prints them). Pinning one without those would let apt
+# take the newer ones from the release's -updates, which the pinned one refuses: the build breaks at the next
+# point release. A spec pins the family together: each package here with every package it names, at one version
+# (the release's own pocket keeps that version installable).
+EXACT_DEPENDS = {
+    "python3": ("python3-minimal", "libpython3-stdlib"),
+    "python3-venv": ("python3",),
+    "python3-dev": ("python3", "libpython3-dev"),
+    "python3-full": ("python3", "python3-venv"),
+    "python3-dbg": ("python3", "libpython3-dbg"),
+    "python3-nopie": ("python3",),
+    "python3-all": ("python3",),
+}
 # set by gpuprov from the image's CUDA (the NVIDIA container contract), or by the image's Python
 RESERVED_ENV = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_REQUIRE_CUDA", "PATH",
                 "VIRTUAL_ENV")
@@ -99,9 +113,39 @@ def gpus(doc: Located, value: Any, path: tuple) -> Any:
 
 
 def apt(doc: Located, value: Any, path: tuple) -> Any:
-    """`{package: version}`, every package pinned to a Debian version."""
-    return _pins(doc, value, path, "apt", APT_NAME, DEB_VERSION,
+    """`{package: version}`, every package pinned to a Debian version, and with it (at that version) every package
+    it depends on at exactly its own version (EXACT_DEPENDS)."""
+    pins = _pins(doc, value, path, "apt", APT_NAME, DEB_VERSION,
                  lambda pkg: f"apt-cache policy {pkg} lists its versions", "Debian package name")
+    if pins is INVALID:
+        return INVALID
+    pinned, ok = dict(pins), True
+    for package, version in pins:
+        family = _exact_family(package)
+        wrong = [name for name in family if pinned.get(name) != version]
+        if wrong:
+            doc.error((*path, package), f"{package} {version} depends on {_listed(family)} at exactly its version: "
+                                        f"pin {_listed(wrong)} to {version} too (else apt takes a newer one "
+                                        "from the release's updates, which this pin refuses, and the build breaks)",
+                      at_key=True)
+            ok = False
+    return pins if ok else INVALID
+
+
+def _listed(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _exact_family(package: str) -> list[str]:
+    """Every package `package` needs at exactly its own version, directly or through another (EXACT_DEPENDS)."""
+    found: list[str] = []
+    todo = list(EXACT_DEPENDS.get(package, ()))
+    while todo:
+        name = todo.pop(0)
+        if name not in found:
+            found.append(name)
+            todo += EXACT_DEPENDS.get(name, ())
+    return found
 
 
 def pip(doc: Located, value: Any, path: tuple) -> Any:

@@ -1,8 +1,9 @@
 """An image's labels, so that other tasks can match an image with a host.
 
 In the Dockerfile (they change only with the spec): the OCI `title`, `version` and `description`, and the stack
-`io.gpuprov.purpose`, `.pytorch`, `.cuda`, `.cudnn`, `.nccl` and `.min-driver` (the lowest driver that runs the
-image's CUDA natively, from the resolver's data). A CPU image has no cuda, nccl or min-driver label.
+`io.gpuprov.purpose`, `.pytorch`, `.cuda`, `.cudnn`, `.nccl` and `.min-driver` (the lowest driver the image runs
+on, from the resolver's data: an NGC image's CUDA natively, a PyTorch CUDA wheel through its major's minor-version
+compatibility). A CPU image has no cuda, nccl or min-driver label.
 
 Given at build time (they change with the commit, and would change the context): the OCI `created` (the commit's
 time, or SOURCE_DATE_EPOCH, so that a rebuild of the same commit is the same), `revision` (the commit, `-dirty`
@@ -93,13 +94,14 @@ def public_source(remote: str) -> str | None:
     return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
 
 
-def context_hash(folder: Path) -> str:
-    """sha256 over the context's files: each relative path, whether it is executable, and its content."""
+def context_hash(folder: Path, file_digest=None) -> str:
+    """sha256 over the context's files: each relative path, whether it is executable, and its content (its sha256,
+    by `file_digest(path)` where given: images.render's cache of it)."""
     digest = hashlib.sha256()
     for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
         digest.update(path.relative_to(folder).as_posix().encode() + b"\0")
         digest.update(b"x" if os.access(path, os.X_OK) else b"-")
-        digest.update(_file_digest(path))
+        digest.update((file_digest or _file_digest)(path))
     return "sha256:" + digest.hexdigest()
 
 

@@ -34,7 +34,8 @@ class Versions:
     cuda: str | None = None         # "12.8.1" (torch.version.cuda says "12.8")
     cudnn: str | None = None        # "9" (a cuda base: the major) or the NGC data's full version
     nccl: str | None = None         # "2.27.3"
-    min_driver: str | None = None   # the lowest driver that runs the image's CUDA natively
+    min_driver: str | None = None   # the lowest driver the image runs on: NGC's CUDA natively, a CUDA wheel's
+                                    # major through minor-version compatibility (cu12x: 525.60.13)
 
     @property
     def public_pytorch(self) -> str:

@@ -14,7 +14,8 @@ raised together as one SpecError (exit 2). The keys:
       digest: sha256:...              optional: the base pinned by digest
     pytorch: 2.8.0                    cuda and local bases
     nccl: 2.27.3                      optional: the NCCL build (cuda bases) or the NGC tag's (when the data lacks it)
-    apt: {package: version}           pinned; a cuda base needs python3 and python3-venv
+    apt: {package: version}           pinned, a family together (python3 with python3-minimal and libpython3-stdlib:
+                                      fields.EXACT_DEPENDS); a cuda base needs python3 and python3-venv
     pip: {package: version}           pinned (ngc and cuda bases)
     user: {name: gpuprov, uid: 1000, gid: 1000}   the non-root user jobs run as
     env: {NCCL_DEBUG: WARN}           the settings that matter on multi-GPU hosts

@@ -13,7 +13,7 @@ import re
 
 from gpuprov.errors import InputError
 from gpuprov.images.model import Versions
-from gpuprov.stack.data import OS_KEYS, cuda_min_driver, cuda_updates, minor_of, table
+from gpuprov.stack.data import OS_KEYS, cuda_of_wheel, cuda_updates, minor_of, table
 from gpuprov.stack.inputs import PinError, stack_pin
 from gpuprov.stack.resolve import Stack, StackConflict, resolve
 
@@ -22,10 +22,6 @@ CUDA_REPOSITORY = "nvidia/cuda"
 UBUNTUS = tuple(key.removeprefix("ubuntu-") for key in OS_KEYS if key.startswith("ubuntu-"))
 CUDNN_TAGS = {"8": "cudnn8", "9": "cudnn"}   # nvidia/cuda tags: 12.1.1-cudnn8-runtime-..., 12.8.1-cudnn-runtime-...
 FLAVORS = ("runtime", "devel")
-# The brands NVIDIA's own CUDA images name in NVIDIA_REQUIRE_CUDA (dist/12.8.1/ubuntu2404/base/Dockerfile of
-# gitlab.com/nvidia/container-images/cuda), each with the driver branches forward compatibility supports.
-BRANDS = ("unknown", "grid", "tesla", "nvidia", "quadro", "quadrortx", "nvidiartx", "vapps", "vpc", "vcs", "vws",
-          "cloudgaming")
 _RELEASE = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
 _MINOR = re.compile(r"[0-9]+\.[0-9]+")
 _IMAGE = re.compile(r"(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*")
@@ -71,6 +67,10 @@ def cuda(cuda_text: str, cudnn_text: str, ubuntu: str, flavor: str, pytorch_text
     if version.count(".") == 1:
         raise Problem("base.cuda", f"give the CUDA update, as nvidia/cuda tags name it: {version} has "
                                    f"{', '.join(cuda_updates(version))}")
+    if minor_of(version) not in table("cuda")["image_contract"]["require_cuda"]:
+        raise Problem("base.cuda", f"gpuprov's data does not record the NVIDIA_REQUIRE_CUDA of nvidia/cuda:{version} "
+                                   "images (gpuprov/data/cuda.yaml image_contract): pick another CUDA, or add it "
+                                   f"from dist/{version}/ubuntu2404/base/Dockerfile of NVIDIA's container-images/cuda")
     if cudnn_text not in CUDNN_TAGS:
         raise Problem("base.cudnn", f"bad cuDNN major {cudnn_text!r}: give {' or '.join(CUDNN_TAGS)} (nvidia/cuda "
                                     "publishes cuDNN 8 and 9 images)")
@@ -93,8 +93,9 @@ def cuda(cuda_text: str, cudnn_text: str, ubuntu: str, flavor: str, pytorch_text
         raise Problem("gpus", f"the GPUs need different PyTorch {release} wheels ({shown}): give each wheel its own "
                               "spec")
     stack = next(iter(stacks.values()))
-    versions = Versions(pytorch=f"{full}+{stack.pytorch['wheel']}", wheel=stack.pytorch["wheel"], cuda=version,
-                        cudnn=cudnn_text, nccl=stack.nccl["version"], min_driver=cuda_min_driver(version))
+    wheel = stack.pytorch["wheel"]
+    versions = Versions(pytorch=f"{full}+{wheel}", wheel=wheel, cuda=version, cudnn=cudnn_text,
+                        nccl=stack.nccl["version"], min_driver=wheel_min_driver(wheel))
     return f"{CUDA_REPOSITORY}:{version}-{CUDNN_TAGS[cudnn_text]}-{flavor}-ubuntu{ubuntu}", versions
 
 
@@ -130,14 +131,33 @@ def wheel_of(cuda_version: str) -> str:
     return "cu" + minor_of(cuda_version).replace(".", "")
 
 
-def require_cuda(cuda_version: str) -> str:
-    """NVIDIA_REQUIRE_CUDA as NVIDIA's CUDA images write it: `cuda>=X.Y`, or one of the brands on a driver branch
-    that runs X.Y through forward compatibility (gpuprov/data/cuda.yaml forward_compat, the resolver's data)."""
+def wheel_min_driver(wheel: str) -> str:
+    """The lowest driver a PyTorch CUDA wheel runs on: the wheel bundles its CUDA runtime, which runs on any driver
+    of its major's minor-version compatibility range (cu12x: 525.60.13; gpuprov/data/cuda.yaml minor_compat)."""
+    return table("cuda")["minor_compat"][cuda_of_wheel(wheel).split(".")[0]]
+
+
+def require_cuda(kind: str, cuda_version: str | None) -> str | None:
+    """NVIDIA_REQUIRE_CUDA as the base's own NVIDIA image writes it (gpuprov/data/cuda.yaml and ngc_pytorch.yaml
+    image_contract): on nvidia/cuda `cuda>=X.Y` and, for each driver branch NVIDIA lists for X.Y, each brand on
+    that branch; on NGC PyTorch its own `cuda>=9.0`; none on an image without CUDA."""
+    if kind == "ngc":
+        return table("ngc_pytorch")["image_contract"]["require_cuda"]
+    if not cuda_version:
+        return None
     minor = minor_of(cuda_version)
+    contract = table("cuda")["image_contract"]
+    row = contract["require_cuda"][minor]
     clauses = [f"cuda>={minor}"]
-    for branch in table("cuda")["forward_compat"].get(minor, []):
-        clauses += [f"brand={brand},driver>={branch},driver<{int(branch) + 1}" for brand in BRANDS]
+    for branch in row["branches"]:
+        clauses += [f"brand={brand},driver>={branch},driver<{int(branch) + 1}"
+                    for brand in contract["brands"][row["brands"]]]
     return " ".join(clauses)
+
+
+def driver_capabilities() -> str:
+    """NVIDIA_DRIVER_CAPABILITIES as NVIDIA's PyTorch container writes it (gpuprov/data/cuda.yaml image_contract)."""
+    return table("cuda")["image_contract"]["capabilities"]
 
 
 def _pin(key: str, kind: str, value: str) -> str:

@@ -7,6 +7,8 @@ GPU 0, or for gpu-missing the last GPU). The names and what each changes are the
     gpu-missing         one GPU fewer in every answer (-L, --query-gpu count, -q -x attached_gpus, nvlink -s)
     ecc-uncorrectable   ecc.errors.uncorrected.{volatile,aggregate}.{device_memory,dram,total} = 1
     row-remap-pending   remapped_rows.pending = Yes
+    row-remapped        ecc.errors.uncorrected.aggregate.{device_memory,dram,total} = 1 and
+                        remapped_rows.uncorrectable = 1, nothing pending (an error a row remap resolved)
     throttle            clocks_event_reasons.hw_slowdown = Active (bit 0x8 of clocks_event_reasons.active)
     pcie-x8             pcie.link.width.current = 8 (max 16)
     nvlink-down         nvlink -s: "NVML: Unable to retrieve NVLink information as all links are inactive"

@@ -8,7 +8,11 @@ The repository also carries a newer point release of every lab profile's newest 
 repository carries every point release of a branch. apt (2.6) installs an older metapackage version
 (`nvidia-open=595.58.03-1`) only when the packages it depends on at exactly its version are pinned to that
 version too (their candidates are otherwise the newer release and the install fails with "but 595.999.01-1 is to
-be installed"): provisioning writes its apt pins before it installs the driver.
+be installed"): provisioning writes its apt pins before it installs the driver. It carries as well a newer patch
+release of each such profile's CUDA toolkit (`standins.newer_cuda_release`: `13.2.1-1` and `13.2.99-1` of
+cuda-toolkit-13-2 and of every part of it), whose parts the older toolkit's minimum-version Depends admit: apt
+alone installs the locked toolkit with the newer release's parts, and `apt-get dist-upgrade` moves them unless
+they are held (gpuprov.ops.cuda, gpuprov.ops.pins).
 
     ensure_mirror(lab_or_network) -> MirrorInfo    build the repository if needed, (re)start its container
     running_mirror(client, paths) -> MirrorInfo    the mirror as it serves now (None if it does not)

@@ -40,7 +40,7 @@ def matches(device: dict, selector: str) -> bool:
     parts = selector.split(":")
     if len(parts) not in (2, 3):
         raise ValueError(f"-d: invalid ID selector {selector!r}, expected [<vendor>]:[<device>][:<class>]")
-    wanted = dict(zip(("vendor", "device", "class"), parts, strict=False))
+    wanted = dict(zip(("vendor", "device", "class"), parts))
     return all(not value or device[key].lower() == value.lower().zfill(4)
                for key, value in wanted.items())
 

@@ -12,6 +12,7 @@ import yaml
 from gpuprov.errors import InputError
 
 PROFILES_FILE = Path(__file__).with_name("profiles.yaml")
+SMI_FILE = Path(__file__).with_name("files") / "standins" / "smi.yaml"   # the MIG profiles of each GPU model
 NVIDIA = "10de"
 _SLOT = re.compile(r"^(?:[0-9a-f]{4}:)?[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$")
 _HEX4 = re.compile(r"^[0-9a-f]{4}$")
@@ -26,6 +27,7 @@ class Profile:
     hardware: dict
     devices: list[dict] = field(repr=False)
     vars: dict = field(default_factory=dict)
+    mig: tuple[str, ...] = ()       # MIG devices of every GPU (MIG mode enabled), e.g. ("3g.40gb", "1g.10gb")
 
     def gpu_devices(self) -> list[dict]:
         """The NVIDIA GPUs (display class 03xx) among the devices."""
@@ -81,6 +83,28 @@ def _profile_vars(value, where: str) -> dict:
     return dict(value)
 
 
+def _mig(value, gpu: str, where: str) -> tuple[str, ...]:
+    """A profile's MIG devices: profile names of its GPU model's MIG table (smi.yaml `mig`) that fit the GPU's
+    compute and memory slices together."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not value or not all(isinstance(item, str) for item in value):
+        raise InputError(f"{where}: mig must be a non-empty list of MIG profile names", step="lab profiles")
+    table = (yaml.safe_load(SMI_FILE.read_text(encoding="utf-8")).get("mig") or {}).get(gpu)
+    if not table:
+        raise InputError(f"{where}: mig: the simulated {gpu} has no MIG profiles (smi.yaml mig)", step="lab profiles")
+    unknown = [name for name in value if name not in table["profiles"]]
+    if unknown:
+        raise InputError(f"{where}: mig: unknown {gpu} MIG profile(s) {', '.join(unknown)} (known: "
+                         f"{', '.join(table['profiles'])})", step="lab profiles")
+    for kind in ("compute", "memory"):
+        used = sum(table["profiles"][name][kind] for name in value)
+        if used > table[f"{kind}_slices"]:
+            raise InputError(f"{where}: mig: {', '.join(value)} take {used} {kind} slices, the GPU has "
+                             f"{table[f'{kind}_slices']}", step="lab profiles")
+    return tuple(value)
+
+
 def parse_profiles(data: dict) -> dict[str, Profile]:
     """Validate the profiles document and build every profile's device list."""
     vendors = {str(k).lower(): v for k, v in (data.get("vendors") or {}).items()}
@@ -96,7 +120,7 @@ def parse_profiles(data: dict) -> dict[str, Profile]:
         switches = _device_group(spec.get("nvswitch") or {}, vendors, classes, where)
         devices = common + gpus + switches
         profile = Profile(name, spec.get("description", ""), dict(hardware), devices,
-                          _profile_vars(spec.get("vars"), where))
+                          _profile_vars(spec.get("vars"), where), _mig(spec.get("mig"), hardware["gpu"], where))
         if len(profile.gpu_devices()) != hardware["count"]:
             raise InputError(f"{where}: hardware.count is {hardware['count']} but {len(profile.gpu_devices())} "
                              "GPU slots are listed", step="lab profiles")

@@ -64,10 +64,32 @@ DRIVER_PARTS: dict[str, tuple[str, str, bool, tuple[str, ...]]] = {
     "xserver": ("xserver-xorg-video-nvidia-{br}", "xserver-xorg-video-nvidia", False, ()),
 }
 META_PARTS = ("core", "dkms")
-# What a CUDA toolkit metapackage pulls (cuda-toolkit-X-Y -> these -X-Y parts at its version).
-CUDA_PARTS = ("cuda-compiler", "cuda-libraries", "cuda-libraries-dev", "cuda-tools", "cuda-nvml-dev")
+# A CUDA toolkit release as NVIDIA's repository builds it: cuda-toolkit-X-Y at the release's version (X.Y.Z-1)
+# depends on its parts by a minimum version, `cuda-compiler-X-Y (>= X.Y.Z)`; the metapackages among them (at the
+# release's version too) on the components by theirs, each component versioned on its own (cuda-cudart-12-8
+# 12.8.90-1, cuda-nvcc-12-8 12.8.93-1 and libcublas-12-8 12.8.4.1-1 in 12.8.1, as NVIDIA's cuda images install
+# them). A minimum admits a later release's part, so apt alone installs the newest parts the repository has.
+# part -> (version: the release's, a component's or a library's, [parts it depends on]); the names of
+# NVIDIA/nvidia-container-toolkit#883 (`apt-get install cuda-toolkit-12-8`), a subset.
+CUDA_PARTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "cuda-compiler": ("release", ("cuda-nvcc",)),
+    "cuda-libraries": ("release", ("cuda-cudart", "libcublas")),
+    "cuda-libraries-dev": ("release", ("cuda-cudart-dev", "libcublas-dev")),
+    "cuda-tools": ("release", ("cuda-command-line-tools",)),
+    "cuda-command-line-tools": ("release", ("cuda-gdb",)),
+    "cuda-nvml-dev": ("component", ()),
+    "cuda-nvcc": ("component", ()),
+    "cuda-cudart": ("component", ()),
+    "cuda-cudart-dev": ("component", ("cuda-cudart",)),
+    "cuda-gdb": ("component", ()),
+    "libcublas": ("library", ()),
+    "libcublas-dev": ("library", ("libcublas",)),
+}
+CUDA_TOOLKIT_PARTS = ("cuda-compiler", "cuda-libraries", "cuda-libraries-dev", "cuda-tools", "cuda-nvml-dev")
 # The newer point release the mirror also publishes (see newer_point_release): same branch, this minor.
 NEWER_POINT_MINOR = "999"
+# The newer patch release of a stack's CUDA toolkit the mirror also publishes (see newer_cuda_release).
+NEWER_CUDA_PATCH = "99"
 _PACKAGE_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]+")
 _VERSION = re.compile(r"(\d+:)?[0-9][A-Za-z0-9.+~-]*")
 
@@ -177,19 +199,40 @@ def with_driver_depends(meta: PackageSpec) -> PackageSpec:
                        tuple(parts[f"driver_{part}"].exact() for part in META_PARTS))
 
 
+def cuda_part_version(part: str, release: str) -> str:
+    """The upstream version of a toolkit part in release X.Y.Z: the release's own for metapackages, X.Y.B for a
+    component (B = 30 (Z + 2): 12.8.90 in 12.8.1, NVIDIA's cuda-cudart there) and X.Y.(Z + 3).1 for a library
+    (12.8.4.1 in 12.8.1, NVIDIA's libcublas there); a later release's parts are newer for apt."""
+    major, minor, patch = (release.split(".") + ["0"])[:3]
+    kind = CUDA_PARTS[part][0]
+    if kind == "component":
+        return f"{major}.{minor}.{30 * (int(patch) + 2)}"
+    if kind == "library":
+        return f"{major}.{minor}.{int(patch) + 3}.1"
+    return release
+
+
 def cuda_parts(toolkit: PackageSpec) -> list[PackageSpec]:
-    """cuda-toolkit-X-Y's parts (cuda-compiler-X-Y, ...) at its version."""
+    """cuda-toolkit-X-Y's parts in its release, each at its own version, depending on its parts by a minimum
+    version as NVIDIA's do (see CUDA_PARTS)."""
     suffix = toolkit.name.removeprefix("cuda-toolkit-")
     if suffix == toolkit.name or not re.fullmatch(r"\d+-\d+", suffix):
         return []
-    return [PackageSpec(f"{part}-{suffix}", toolkit.version, "cuda_part", toolkit.upstream) for part in CUDA_PARTS]
+    out = []
+    for part, (_, needs) in CUDA_PARTS.items():
+        upstream = cuda_part_version(part, toolkit.upstream)
+        depends = tuple(f"{need}-{suffix} (>= {cuda_part_version(need, toolkit.upstream)})" for need in needs)
+        out.append(PackageSpec(f"{part}-{suffix}", f"{upstream}-1", "cuda_part", upstream, depends))
+    return out
 
 
 def with_cuda_depends(toolkit: PackageSpec) -> PackageSpec:
-    parts = cuda_parts(toolkit)
-    if not parts:
+    """The toolkit metapackage with its Depends on its parts, each by the minimum version of its release."""
+    suffix = toolkit.name.removeprefix("cuda-toolkit-")
+    if not cuda_parts(toolkit):
         return toolkit
-    return PackageSpec(toolkit.name, toolkit.version, toolkit.role, toolkit.upstream, tuple(p.exact() for p in parts))
+    depends = tuple(f"{part}-{suffix} (>= {cuda_part_version(part, toolkit.upstream)})" for part in CUDA_TOOLKIT_PARTS)
+    return PackageSpec(toolkit.name, toolkit.version, toolkit.role, toolkit.upstream, depends)
 
 
 def expand(specs: list[PackageSpec]) -> list[PackageSpec]:
@@ -237,6 +280,20 @@ def newer_point_release(stack: dict) -> list[PackageSpec]:
     return expand(specs)
 
 
+def newer_cuda_release(stack: dict) -> list[PackageSpec]:
+    """What the lab mirror publishes as a newer patch release of `stack`'s CUDA toolkit, beside the stack's own
+    (as NVIDIA's repository keeps every release of a toolkit): cuda-toolkit-X-Y at X.Y.NEWER_CUDA_PATCH with
+    every part of that release (`expand`)."""
+    specs = []
+    for pkg in (stack.get("cuda") or {}).get("packages") or []:
+        name = str(pkg["name"])
+        if re.fullmatch(r"cuda-toolkit-\d+-\d+", name):
+            major, minor = str(stack["cuda"]["version"]).split(".")[:2]
+            upstream = f"{major}.{minor}.{NEWER_CUDA_PATCH}"
+            specs.append(PackageSpec(name, f"{upstream}-1", "cuda", upstream))
+    return expand(specs)
+
+
 def newest_stacks(stacks: list[dict]) -> list[dict]:
     """Per GPU model, the stack with the newest driver branch (what each lab profile resolves by default)."""
     best: dict[str, dict] = {}
@@ -248,10 +305,11 @@ def newest_stacks(stacks: list[dict]) -> list[dict]:
 
 
 def point_release_packages(stacks: list[dict]) -> list[PackageSpec]:
-    """The newer point release of every lab profile's newest driver branch (deduplicated, sorted)."""
+    """The newer point release of every lab profile's newest driver branch and the newer patch release of its
+    CUDA toolkit (deduplicated, sorted)."""
     seen: dict[tuple[str, str], PackageSpec] = {}
     for stack in newest_stacks(stacks):
-        for spec in newer_point_release(stack):
+        for spec in [*newer_point_release(stack), *newer_cuda_release(stack)]:
             seen.setdefault((spec.name, spec.version), spec)
     return sorted(seen.values(), key=lambda s: (s.name, s.version))
 
@@ -423,8 +481,8 @@ def gpu_profiles_table(profiles=None) -> dict[str, list[dict]]:
             fields.update({"pci.bus_id": "0000" + device["slot"].upper(), "pci.domain": f"0x{domain.upper()}",
                            "pci.bus": f"0x{bus.upper()}", "pci.device": f"0x{rest.split('.')[0].upper()}",
                            "pci.device_id": f"0x{device['device'].upper()}10DE",
-                           "mig.mode.current": "Disabled" if mig else "[N/A]",
-                           "mig.mode.pending": "Disabled" if mig else "[N/A]"})
+                           "mig.mode.current": ("Enabled" if profile.mig else "Disabled") if mig else "[N/A]",
+                           "mig.mode.pending": ("Enabled" if profile.mig else "Disabled") if mig else "[N/A]"})
             if ecc is None:  # no ECC reporting: every ECC field is [N/A], as nvidia-smi prints unsupported ones
                 fields.update({k: "[N/A]" for k in fields if k.startswith("ecc.")})
             if model.form_factor == "sxm":
@@ -434,8 +492,9 @@ def gpu_profiles_table(profiles=None) -> dict[str, list[dict]]:
                 "name": fields["name"], "brand": "NVIDIA" if model.datacenter else "GeForce",
                 "architecture": smi["architectures"].get(model.arch, model.arch.title()),
                 "compute_capability": model.compute_capability, "memory_mib": _mib(fields["memory.total"]),
-                "ecc": ecc, "mig": mig, "nvswitch": bool(profile.hardware["nvswitch"]),
-                "nvlink": (smi["models"].get(model.key) or {}).get("nvlink"), "fields": fields, "units": units})
+                "ecc": ecc, "nvswitch": bool(profile.hardware["nvswitch"]),
+                "nvlink": (smi["models"].get(model.key) or {}).get("nvlink"), "fields": fields, "units": units,
+                "mig_devices": [dict(smi["mig"][model.key]["profiles"][p], profile=p) for p in profile.mig]})
         out[name] = rows
     return out
 
@@ -511,7 +570,7 @@ def package_contents(spec: PackageSpec, gpu_table: dict, arch: str = "amd64") ->
     elif role == "cuda_part":
         minor = ".".join(v.split(".")[:2])
         home = f"usr/local/cuda-{minor}"
-        if spec.name.startswith("cuda-compiler-"):
+        if spec.name.startswith("cuda-nvcc-"):
             out.add(f"{home}/bin/nvcc", "#!/bin/sh\n# " + _marker(spec) +
                     "printf '%s\\n' 'nvcc: NVIDIA (R) Cuda compiler driver' "
                     f"'Cuda compilation tools, release {minor}, V{v}'\n", 0o755)

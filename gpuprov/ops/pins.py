@@ -1,10 +1,11 @@
-"""Pins and holds for every NVIDIA package of the stack and every package of its driver; unattended upgrades
-kept away from them.
+"""Pins and holds for every NVIDIA package of the stack, every package of its driver and every package of its
+CUDA toolkit's release; unattended upgrades kept away from them.
 
-apt: one preferences file (the driver's packages pinned at its version) and `apt-mark hold`; dnf: versionlock
-entries with the epoch. The packages a driver metapackage pulls in are known only on the host, so the hold
-selects them there (by name, base.DRIVER_FAMILIES), in the same run; whether they are held is judged from the
-facts (every installed package of those names held: no change).
+apt: one preferences file (the driver's packages pinned at its version, the toolkit's at their installed
+versions) and `apt-mark hold`; dnf: versionlock entries with the epoch. The packages a driver or toolkit
+metapackage pulls in are known only on the host, so the hold selects them there (by name: base.DRIVER_FAMILIES
+and cuda.family_pattern), in the same run; whether they are held is judged from the facts (every installed
+package of those names held: no change).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from gpuprov.errors import InputError
+from gpuprov.ops import cuda
 from gpuprov.ops.base import (
     DRIVER_FAMILIES,
     Change,
@@ -66,16 +68,28 @@ def pinned_packages(ctx: OpContext) -> list[Package]:
     return [packages[name] for name in sorted(packages)]
 
 
-def preferences(packages: list[Package], driver_version: str, label: str | None) -> str:
-    """The apt preferences: the driver's packages at its version, the stack's exact versions, the repository."""
+def preferences(packages: list[Package], driver_version: str, label: str | None,
+                toolkit: list[Package] | None = None) -> str:
+    """The apt preferences: the driver's packages at its version, the stack's exact versions, the toolkit's
+    release at the versions installed (`toolkit`, see toolkit_packages), the repository."""
     globs = " ".join(f"{prefix}*" for prefix in DRIVER_FAMILIES)
     stanzas = [f"Package: {globs}\nPin: version {driver_version}-*\nPin-Priority: 1001\n"]
-    stanzas += [f"Package: {p.name}\nPin: version {p.version}\nPin-Priority: 1001\n" for p in packages]
+    stanzas += [f"Package: {p.name}\nPin: version {p.version}\nPin-Priority: 1001\n"
+                for p in [*packages, *(toolkit or [])]]
     if label is not None:
         stanzas.append(f"Package: *\nPin: release l={label}\nPin-Priority: {REPO_PRIORITY}\n")
     return ("# Managed by gpuprov: the NVIDIA stack stays at the versions gpuprov resolved; its driver's packages\n"
             "# at the driver's version, and NVIDIA's repository before the distribution's NVIDIA packaging.\n\n"
             + "\n".join(stanzas))
+
+
+def toolkit_packages(ctx: OpContext) -> list[Package]:
+    """The installed packages of the stack's CUDA toolkit release that the stack does not name itself (its
+    parts: cuda-compiler-13-2, libcublas-13-2, ...), at their installed versions, sorted by name."""
+    installed = ctx.facts.get("packages") or {}
+    stack = {p.name for p in pinned_packages(ctx)}
+    return [Package(name, installed[name]) for name in cuda.family_packages(installed, ctx.stack)
+            if name not in stack]
 
 
 def repo_label(ctx: OpContext) -> str | None:
@@ -91,8 +105,10 @@ def preferences_change(ctx: OpContext) -> Change | None:
     """The apt preferences file brought to the stack (None when in state or not an apt host)."""
     if ctx.family != "debian":
         return None
-    content = preferences(pinned_packages(ctx), ctx.stack["driver"]["version"], repo_label(ctx))
-    return file_change(ctx, COMPONENT, APT_PREFERENCES, content, "apt pins: driver, exact versions, repository")
+    content = preferences(pinned_packages(ctx), ctx.stack["driver"]["version"], repo_label(ctx),
+                          toolkit_packages(ctx))
+    return file_change(ctx, COMPONENT, APT_PREFERENCES, content,
+                       "apt pins: driver, exact versions, CUDA toolkit release, repository")
 
 
 def unattended() -> str:
@@ -104,7 +120,8 @@ def unattended() -> str:
 
 def unheld(ctx: OpContext) -> list[str]:
     """Packages the hold must (re)cover: stack packages without a hold at the wanted version (counting the
-    holds the install ops lift this run) and installed packages of the driver families without one."""
+    holds the install ops lift this run) and installed packages of the driver families and of the toolkit's
+    release (cuda.family_pattern) without one."""
     held, pm = locked(ctx), ctx.pm
     installed = ctx.facts.get("packages") or {}
     debian = ctx.family == "debian"
@@ -114,18 +131,22 @@ def unheld(ctx: OpContext) -> list[str]:
 
     out = {p.name for p in pinned_packages(ctx) if not at_version(ctx, p) or lacks(p.name, p.version)}
     out |= {name for name in driver_packages(installed) if lacks(name, installed[name])}
+    out |= {name for name in cuda.family_packages(installed, ctx.stack) if lacks(name, installed[name])}
     return sorted(out)
 
 
 def released(ctx: OpContext) -> list[str]:
-    """Held packages of the stack's sections that the stack no longer lists (see RELEASED)."""
+    """Held packages of the stack's sections that the stack no longer lists, other than the packages of its
+    toolkit's release (see RELEASED)."""
     wanted = {p.name for p in pinned_packages(ctx)}
+    pattern = cuda.family_pattern(ctx.stack)
     return sorted(name for name in locked(ctx) if name.startswith(RELEASED) and not name.startswith(
-        ("cuda-drivers", "cuda-compat-")) and name not in wanted)
+        ("cuda-drivers", "cuda-compat-")) and name not in wanted and not cuda.in_family(name, pattern))
 
 
 def hold_change(ctx: OpContext) -> Change | None:
-    """Hold the stack's packages and every installed package of the driver families, selected on the host."""
+    """Hold the stack's packages and every installed package of the driver families and of the toolkit's
+    release, selected on the host."""
     missing = unheld(ctx)
     if not missing:
         return None
@@ -133,9 +154,10 @@ def hold_change(ctx: OpContext) -> Change | None:
     commands = []
     if ctx.family == "rhel" and ctx.file(VERSIONLOCK_LIST) is None:
         commands.append(pm.install_names([VERSIONLOCK_PLUGIN]))
-    commands.append(pm.hold_installed([p.name for p in pinned_packages(ctx)], DRIVER_FAMILIES))
-    return Change(COMPONENT, "hold the stack's packages and every installed package of the NVIDIA driver "
-                  f"(not held now: {', '.join(missing)})", tuple(commands))
+    commands.append(pm.hold_installed([p.name for p in pinned_packages(ctx)], DRIVER_FAMILIES,
+                                      cuda.family_pattern(ctx.stack)))
+    return Change(COMPONENT, "hold the stack's packages and every installed package of the NVIDIA driver and "
+                  f"of the CUDA toolkit's release (not held now: {', '.join(missing)})", tuple(commands))
 
 
 def changes(ctx: OpContext) -> Iterator[Change]:

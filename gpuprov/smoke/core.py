@@ -83,9 +83,12 @@ class Context:
 
 
 def version_matches(expected: object, actual: str | None) -> bool:
-    """On the components `expected` gives: `570.148.08` equals exactly; `570` or `570.148` (`12.8`) matches the
-    versions it starts (570.148.08; 12.8.1, not 12.80). No version matches nothing."""
+    """On the components both give (their common precision): `570.148.08` equals exactly; `570` or `570.148`
+    (`12.8`) matches the versions it starts (570.148.08; 12.8.1, not 12.80); `9.1.0.70` (a release note's cuDNN)
+    matches `9.1.0` (torch's). At least major.minor where the expectation gives them: `12` does not match `12.8`.
+    No version matches nothing."""
     if actual is None:
         return False
-    want = str(expected).split(".")
-    return actual.split(".")[: len(want)] == want
+    want, have = str(expected).split("."), actual.split(".")
+    common = min(len(want), len(have))
+    return common >= min(2, len(want)) and have[:common] == want[:common]

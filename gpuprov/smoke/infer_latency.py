@@ -55,7 +55,7 @@ def run(ctx) -> Result:
     size = SIZES[target.device]
     warmup, calls = CALLS[(target.device, ctx.level if ctx.level == "burn-in" else "quick")]
     minimum = ctx.config.get("min_batching_gain")
-    minimum = float(minimum) if isinstance(minimum, int | float) and minimum > 0 else MIN_BATCHING_GAIN
+    minimum = float(minimum) if isinstance(minimum, (int, float)) and minimum > 0 else MIN_BATCHING_GAIN
     device = "cuda:0" if target.cuda else "cpu"
     torch.manual_seed(0)
     figures = {"device": target.describe(first_gpu=True), "precision": precision.label}

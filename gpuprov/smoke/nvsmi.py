@@ -33,14 +33,22 @@ mismatch``; ``NVIDIA-SMI has failed because it couldn't communicate with the NVI
 found``); :func:`classify_failure` names which, and :func:`unavailable` turns it into a result: the check that owns
 the cause (host.driver for a missing or mismatched driver, host.gpus for no devices) fails, the others skip with
 a reason that points at it, so one fault fails one check.
+
+MIG: `mig.mode.current` says which GPUs are in MIG mode (:func:`mig_gpus`; train.ddp skips there, a CUDA process
+seeing one MIG instance). A CUDA device named `NAME MIG <profile>` is a MIG instance: :func:`mig_judgement` gives
+its share of the GPU from NVIDIA's MIG profile table (compute slices of 7, or of 4 or 2 on the GPUs that have
+fewer), against which perf.matmul judges it; perf.copy, whose figures follow memory slices, skips it.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import re
+import time
 import xml.etree.ElementTree as ET
+from fractions import Fraction
 from typing import Any
 
 from .core import FAIL, SKIP, Result
@@ -112,7 +120,7 @@ def parse_query_csv(text: str, fields: tuple[str, ...] = QUERY_FIELDS) -> list[d
         if len(row) != len(fields):
             raise SmiError("failed", f"nvidia-smi --query-gpu line {number_} has {len(row)} values for "
                                      f"{len(fields)} fields: {', '.join(row)[:200]}")
-        out.append(dict(zip(fields, row, strict=True)))
+        out.append(dict(zip(fields, row)))  # lengths checked above (zip's strict= is Python 3.10+)
     return out
 
 
@@ -136,7 +144,7 @@ def parse_query_csv_with_header(text: str) -> list[dict[str, str]]:
         if len(row) != len(names):
             raise SmiError("failed", f"nvidia-smi --query-gpu row has {len(row)} values for {len(names)} columns")
         entry = {}
-        for name, unit, cell in zip(names, units, row, strict=True):
+        for name, unit, cell in zip(names, units, row):  # lengths checked above (strict= is Python 3.10+)
             if unit and cell.endswith(" " + unit):
                 cell = cell[: -len(unit) - 1]
             entry[name] = cell
@@ -303,6 +311,7 @@ def parse_q_xml(text: str) -> dict[str, Any]:
             "ecc_mode": _text(gpu, "ecc_mode/current_ecc"),
             "uncorrectable_volatile": _uncorrectable(gpu.find("ecc_errors/volatile")),
             "uncorrectable_aggregate": _uncorrectable(gpu.find("ecc_errors/aggregate")),
+            "sram_uncorrectable_aggregate": _int(_text(gpu, "ecc_errors/aggregate/sram_uncorrectable")),
             "retired_pending": _text(gpu, "retired_pages/pending_retirement"),
             "remapped_rows": _remapped(gpu),
             "clock_reasons": _reasons(gpu),
@@ -357,3 +366,123 @@ def parse_list(text: str) -> list[dict[str, Any]]:
         if match:
             out.append({"index": int(match.group("index")), "name": match.group("name"), "uuid": match.group("uuid")})
     return out
+
+
+# ---- MIG -----------------------------------------------------------------------------------------------------------
+
+# A MIG device as `nvidia-smi -L` lists it below its GPU (NVIDIA MIG user guide, "Getting Started with MIG":
+# `  MIG 1g.10gb     Device  0: (UUID: MIG-...)`) and as CUDA names it (`NVIDIA H100 80GB HBM3 MIG 1g.10gb`).
+_MIG_LINE = re.compile(r"^\s+MIG (?P<profile>\S+)\s+Device\s+(?P<device>\d+): \(UUID: (?P<uuid>[^)]+)\)\s*$")
+_CUDA_MIG_NAME = re.compile(r"^(?P<gpu>.+?) MIG (?P<profile>\S+)$")
+# A MIG device's name (MIG user guide, "MIG Device Names"): [<C>c.]<G>g.<memory>gb[+me]: a compute instance of C
+# compute slices (all G of its GPU instance when no `c.` part) and the GPU instance's memory.
+MIG_PROFILE = re.compile(r"^(?:(?P<ci>\d+)c\.)?(?P<gi>\d+)g\.\d+gb(?:\+[a-z.]+)?$")
+# Compute slices of a whole GPU (MIG user guide, "Supported MIG Profiles": a 1g profile has 1/7 of the SMs on A100,
+# H100, H200, B200; "Supported GPUs": at most 4 instances on A30 and RTX PRO 6000 Blackwell, 2 on RTX PRO 5000/4500).
+COMPUTE_SLICES = 7
+FEWER_COMPUTE_SLICES = (("A30", 4), ("RTX PRO 6000", 4), ("RTX PRO 5000", 2), ("RTX PRO 4500", 2))
+# The figures of a datasheet that scale with an instance's compute slices (matmul throughput).
+COMPUTE_FIGURE_SUFFIX = "_tflops"
+
+
+def parse_mig_list(text: str) -> list[dict[str, Any]]:
+    """The MIG devices of `nvidia-smi -L`: {gpu, gpu_name, profile, device, uuid} each, `gpu` its GPU's index."""
+    out: list[dict[str, Any]] = []
+    gpu: dict[str, Any] | None = None
+    for line in text.splitlines():
+        head = _GPU_LINE.match(line.strip()) if not line.startswith((" ", "\t")) else None
+        if head:
+            gpu = {"index": int(head.group("index")), "name": head.group("name")}
+            continue
+        device = _MIG_LINE.match(line)
+        if device and gpu is not None:
+            out.append({"gpu": gpu["index"], "gpu_name": gpu["name"], "profile": device.group("profile"),
+                        "device": int(device.group("device")), "uuid": device.group("uuid")})
+    return out
+
+
+def compute_slices(gpu_name: str) -> int:
+    """How many compute slices a GPU has in MIG mode (COMPUTE_SLICES unless FEWER_COMPUTE_SLICES names it)."""
+    return next((slices for model, slices in FEWER_COMPUTE_SLICES if model in gpu_name), COMPUTE_SLICES)
+
+
+def mig_slices(profile: str) -> int | None:
+    """The compute slices of a MIG device profile (`1g.10gb` 1, `1c.3g.40gb` 1, `7g.80gb` 7), None if unknown."""
+    match = MIG_PROFILE.match(profile)
+    return int(match.group("ci") or match.group("gi")) if match else None
+
+
+def mig_gpus(ctx) -> list[str]:
+    """The host's GPUs in MIG mode (`mig.mode.current` Enabled) as `GPU i (BUS)`; none when nvidia-smi does not
+    answer (the checks that own that fail on it)."""
+    try:
+        rows = query(ctx)
+    except SmiError:
+        return []
+    return [f"GPU {row['index']} ({row['pci.bus_id']})" for row in rows if value(row["mig.mode.current"]) == "Enabled"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MigJudgement:
+    """How a perf check judges the devices CUDA shows: against `share` of the whole GPU's figures (1 off MIG),
+    `note` saying so; `skip` says why it cannot be judged at all."""
+
+    share: Fraction = Fraction(1)
+    note: str = ""
+    skip: str = ""
+
+    def scaled(self, figures: dict) -> dict:
+        """Expected (datasheet) figures with the compute ones (COMPUTE_FIGURE_SUFFIX) scaled to the share."""
+        if self.share == 1:
+            return figures
+        return {key: (float(item) * self.share if key.endswith(COMPUTE_FIGURE_SUFFIX) and isinstance(item, (int, float))
+                      and not isinstance(item, bool) else item) for key, item in figures.items()}
+
+    def config(self, config: dict) -> dict:
+        """A check's config with its `expected` compute figures scaled to the share, and `expected_basis` saying so."""
+        if self.share == 1:
+            return config
+        expected = config.get("expected") or {}
+        basis = dict(config.get("expected_basis") or {})
+        for key in expected:
+            if key.endswith(COMPUTE_FIGURE_SUFFIX):
+                basis[key] = f"{basis.get(key) or 'the GPU'}, times {self.share} ({self.note})"
+        return {**config, "expected": self.scaled(expected), "expected_basis": basis}
+
+    def skipped(self, check: str, start: float) -> Result:
+        return Result(check, SKIP, self.skip, {"mig": self.skip}, seconds=time.monotonic() - start)
+
+    def not_scaled(self, check: str, what: str, start: float) -> Result | None:
+        """The skip of a check whose figures do not follow compute slices (`what`: copies follow an instance's
+        memory slices and copy engines) on a MIG instance smaller than its GPU; None on whole GPUs."""
+        if self.skip:
+            return self.skipped(check, start)
+        if self.share == 1:
+            return None
+        instance = self.note.split(":")[0]
+        reason = f"{instance}: {what}, not judged against the whole GPU's figures"
+        return Result(check, SKIP, reason, {"mig": instance}, seconds=time.monotonic() - start)
+
+
+def mig_judgement(ctx, names: tuple[str, ...]) -> MigJudgement:
+    """The share of its GPU each CUDA device (by its CUDA name) has: a MIG instance of C compute slices of a GPU of
+    N is judged against C/N of that GPU's compute figures (the MIG user guide's "Fraction of SMs"). Skipped when
+    the devices have different shares, or nvidia-smi reports MIG mode but CUDA names no MIG device."""
+    if not any(_CUDA_MIG_NAME.match(name) for name in names):
+        enabled = mig_gpus(ctx) if names else []
+        if enabled:
+            return MigJudgement(skip=f"MIG is enabled on {', '.join(enabled)} but CUDA names no MIG device "
+                                     f"({', '.join(names)}): the share of the GPU measured is unknown, not judged")
+        return MigJudgement()
+    shares = set()
+    for name in names:
+        match = _CUDA_MIG_NAME.match(name)
+        slices = mig_slices(match.group("profile")) if match else None
+        if match is None or slices is None:
+            return MigJudgement(skip=f"cannot tell the share of its GPU {name!r} has (MIG): not judged")
+        shares.add((Fraction(slices, compute_slices(match.group("gpu"))), match.group("profile"), match.group("gpu")))
+    if len(shares) > 1:
+        return MigJudgement(skip="MIG devices of different sizes (" + ", ".join(sorted(names)) + "): not judged")
+    share, profile, gpu = shares.pop()
+    return MigJudgement(share, f"MIG {profile} of {gpu}: judged against {share.numerator}/{share.denominator} of "
+                               "the GPU's compute figures (its compute slices)")

@@ -1,8 +1,9 @@
 """perf.copy: memory copies of every GPU, what nvbandwidth measures: device-to-device (GB/s counts the bytes read
-and written, as CUDA's bandwidthTest does, against the datasheet's memory bandwidth) and host-to-device and
-device-to-host from pinned memory (against one direction of the PCIe link: a link trained down to x8 or an
-older generation shows here). CUDA events, median of repeats after warm-up, random data. The figures are the
-slowest GPU's; `per_gpu` has each one's.
+and written, as CUDA's bandwidthTest does) and host-to-device and device-to-host from pinned memory (a link
+trained down to x8 or an older generation shows there). Each is judged at threshold_pct of the model's expected
+figure (the config's `expected` block: device-to-device as NVIDIA's DCGM measures the model's memory bandwidth,
+host copies as nvbandwidth's share of the PCIe link; or a marked fallback). CUDA events, median of repeats after
+warm-up, random data. The figures are the slowest GPU's; `per_gpu` has each one's.
 
 On the CPU a host memory copy is measured as d2d_gbs and reported, not judged; there is no host-device copy.
 """
@@ -12,9 +13,10 @@ from __future__ import annotations
 import statistics
 import time
 
+from . import nvsmi
 from .core import Result, check
 from .torchutil import (
-    datasheet_thresholds,
+    expected_thresholds,
     import_torch,
     judge_figures,
     no_torch,
@@ -66,13 +68,16 @@ def run(ctx) -> Result:
     if torch is None:
         return no_torch(NAME, why, start)
     target = setup_target(torch, ctx.config)
-    datasheet, threshold = ctx.config.get("datasheet") or {}, threshold_pct(ctx.config)
+    mig = nvsmi.mig_judgement(ctx, target.names).not_scaled(NAME, "its copies follow its memory slices", start)
+    if mig:
+        return mig
+    expected, threshold = ctx.config.get("expected") or {}, threshold_pct(ctx.config)
     sizes = SIZES[(target.device, ctx.level if ctx.level == "burn-in" else "quick")]
     failures: list[str] = []
     if target.cuda:
         per_gpu = {str(index): gpu_copies(torch, index, sizes) for index in range(target.gpus)}
         for index, figures in per_gpu.items():
-            failures += judge_figures(figures, datasheet, threshold, f"GPU {index}: ")[0]
+            failures += judge_figures(figures, expected, threshold, f"GPU {index}: ")[0]
         wanted = ["d2d_gbs", "h2d_gbs", "d2h_gbs"]
     else:
         src = randn(torch, (sizes[0] * MIB // 4,), 0)
@@ -80,7 +85,7 @@ def run(ctx) -> Result:
                                                      sizes), 3)}}
         wanted = ["d2d_gbs"]
     slowest = {figure: min(gpu[figure] for gpu in per_gpu.values()) for figure in wanted}
-    failures_min, judged = judge_figures(slowest, datasheet, threshold)
+    failures_min, judged = judge_figures(slowest, expected, threshold)
     if not target.cuda:
         failures = failures_min
     summary = ", ".join(f"{name.split('_')[0]} {value:.4g} GB/s" for name, value in slowest.items())
@@ -88,5 +93,5 @@ def run(ctx) -> Result:
              else f"{target.describe()}: host memory copy of {sizes[0]} MiB (no GPU, no host-device copy)")
     return perf_result(NAME, target, summary=f"{where}: {summary}",
                        figures={**slowest, "per_gpu": per_gpu, "device": target.describe()}, failures=failures,
-                       judged=judged, wanted=wanted, thresholds=datasheet_thresholds(wanted, datasheet, threshold),
+                       judged=judged, wanted=wanted, thresholds=expected_thresholds(wanted, ctx.config),
                        start=start)

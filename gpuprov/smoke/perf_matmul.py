@@ -1,23 +1,26 @@
 """perf.matmul: dense matmul throughput of every GPU in bf16, fp16 and tf32 (fp32 inputs on TF32 tensor cores),
-TFLOP/s = 2 n^3 / time (CUDA events, median of repeats after warm-up, random data), each as a percentage of the
-datasheet's dense figure; every GPU must reach the threshold. The figures are the slowest GPU's; `per_gpu` has
-each one's. At burn-in every GPU also runs a sustained matmul load at once (heat and power limits show there).
+measured the way the published maxima are ("maximum achievable matmul FLOPS", mamf-finder.py): the best of a small
+sweep of shapes (SHAPES: 8192^3 and the best shapes published for common GPUs), bounded in time, TFLOP/s =
+2 m n k / time (CUDA events, median of repeats after warm-up, random data). Each GPU's best is judged against the
+model's expected figure (the config's `expected` block: the published best of that model, or a marked fallback)
+at threshold_pct; `per_gpu` has each GPU's best and the shape that reached it, the top-level figures are the
+slowest GPU's. At burn-in every GPU also runs a sustained matmul load at once, judged by gpuprov.smoke.burnin.
 
-On the CPU the same matmuls are measured (bf16, fp16, fp32) and reported, not judged.
+On the CPU one 1024^3 matmul per dtype (bf16, fp16, fp32) is measured and reported, not judged.
 """
 
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 
+from . import burnin, nvsmi
 from .core import Result, check
 from .torchutil import (
     FIGURES,
     burn_in_seconds,
     cuda_bf16,
-    datasheet_thresholds,
+    expected_thresholds,
     import_torch,
     judge_figures,
     no_torch,
@@ -30,8 +33,14 @@ from .torchutil import (
 
 NAME = "perf.matmul"
 TIMEOUT = 300
-GPU_N, CPU_N = 8192, 1024
-REPEATS = {"cuda": (10, 20, 4), "cpu": (1, 5, 1)}     # warm-up, repeats, matmuls a repeat
+SUSTAINED_N, CPU_N = 8192, 1024
+# (M, N, K): the cube, then best shapes published for H100 SXM (mamf-stas00: 2048x2048x13312; mamf-mag:
+# 6144x17920x2816), B200 (1792x16128x3072), H100 PCIe (6912x16384x2048), L40S (4416x3776x3072) and L4
+# (1024x6016x1792) in gpus.yaml's sources; the sweep keeps the best
+SHAPES = ((8192, 8192, 8192), (2048, 2048, 13312), (6144, 17920, 2816), (1792, 16128, 3072), (6912, 16384, 2048),
+          (4416, 3776, 3072), (1024, 6016, 1792))
+SWEEP_SECONDS = 15.0       # the whole sweep of one GPU, every dtype; shapes not reached in time are left out
+REPEATS = {"cuda": (5, 10, 3), "cpu": (1, 5, 1)}      # warm-up, repeats, matmuls a repeat (each shape)
 
 
 def dtypes(torch, target, config: dict) -> dict[str, object]:
@@ -46,50 +55,53 @@ def dtypes(torch, target, config: dict) -> dict[str, object]:
     return chosen
 
 
-def matmul_tflops(torch, device: str, n: int, dtype, seed: int) -> float:
-    """TFLOP/s of n x n @ n x n on the device (current device for a GPU)."""
-    a, b = randn(torch, (n, n), seed, device, dtype), randn(torch, (n, n), seed + 1, device, dtype)
-    out = torch.empty((n, n), device=device, dtype=dtype)
+def matmul_tflops(torch, device: str, shape: tuple, dtype, seed: int) -> float:
+    """TFLOP/s of (m x k) @ (k x n) on the device (current device for a GPU)."""
+    m, n, k = shape
+    a, b = randn(torch, (m, k), seed, device, dtype), randn(torch, (k, n), seed + 1, device, dtype)
+    out = torch.empty((m, n), device=device, dtype=dtype)
     warmup, repeats, inner = REPEATS["cuda" if device.startswith("cuda") else "cpu"]
     times = time_calls(torch, lambda: torch.matmul(a, b, out=out), "cuda" if device.startswith("cuda") else "cpu",
                        warmup=warmup, repeats=repeats, inner=inner)
-    return 2.0 * n**3 / statistics.median(times) / 1e12
+    return 2.0 * m * n * k / statistics.median(times) / 1e12
 
 
-def sustained(torch, gpus: int, n: int, dtype, seconds: float) -> dict[int, float]:
-    """Every GPU at once runs matmuls for `seconds`: each one's TFLOP/s over the last third (median of chunks)."""
-    results: dict[int, float] = {}
-    errors: list[str] = []
+def sweep(measure, shapes: tuple, deadline: float) -> tuple[float, str, int]:
+    """The best TFLOP/s of `measure(shape)` over `shapes`, its shape as "MxNxK" and how many shapes ran; the
+    first shape always runs, the others while time is left before `deadline` (time.monotonic())."""
+    best, best_shape, ran = 0.0, "", 0
+    for shape in shapes:
+        if ran and time.monotonic() >= deadline:
+            break
+        value = measure(shape)
+        ran += 1
+        if value > best:
+            best, best_shape = value, "x".join(map(str, shape))
+    return best, best_shape, ran
 
-    def load(index: int) -> None:
-        try:
-            with torch.cuda.device(index):
-                device = f"cuda:{index}"
-                a, b = randn(torch, (n, n), index, device, dtype), randn(torch, (n, n), index + 100, device, dtype)
-                out = torch.empty((n, n), device=device, dtype=dtype)
-                chunks: list[tuple[float, float]] = []
-                began = time.monotonic()
-                while time.monotonic() - began < seconds:
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    for _ in range(10):
-                        torch.matmul(a, b, out=out)
-                    end.record()
-                    end.synchronize()
-                    chunks.append((time.monotonic() - began, start.elapsed_time(end) / 1000.0 / 10))
-                late = [took for at, took in chunks if at >= seconds * 2 / 3] or [took for _, took in chunks]
-                results[index] = 2.0 * n**3 / statistics.median(late) / 1e12
-        except Exception as exc:
-            errors.append(f"GPU {index}: {type(exc).__name__}: {exc}")
 
-    threads = [threading.Thread(target=load, args=(index,), daemon=True) for index in range(gpus)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise RuntimeError("; ".join(errors))
-    return results
+def gpu_best(torch, index: int, chosen: dict, seconds: float) -> dict:
+    """One GPU's best TFLOP/s of each dtype over the sweep, with the shape of each and the shapes measured."""
+    figures: dict = {}
+    shapes: dict = {}
+    measured: dict = {}
+    previous = torch.get_float32_matmul_precision()
+    try:
+        with torch.cuda.device(index):
+            for figure, dtype in chosen.items():
+                torch.set_float32_matmul_precision("high" if figure == "tf32_tflops" else "highest")
+                best, shape, ran = sweep(lambda s, d=dtype: matmul_tflops(torch, f"cuda:{index}", s, d, index),
+                                         SHAPES, time.monotonic() + seconds / len(chosen))
+                figures[figure], shapes[figure], measured[figure] = round(best, 2), shape, ran
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    return {**figures, "best_shape": shapes, "shapes_measured": min(measured.values())}
+
+
+def _shape_of(per_gpu: dict, figure: str, value: float) -> str:
+    """" at MxNxK": the best shape of the GPU whose best was `value` (nothing on the CPU)."""
+    shapes = [row["best_shape"][figure] for row in per_gpu.values() if row[figure] == value and "best_shape" in row]
+    return f" at {shapes[0]}" if shapes else ""
 
 
 @check(NAME, timeout=TIMEOUT)
@@ -99,44 +111,46 @@ def run(ctx) -> Result:
     if torch is None:
         return no_torch(NAME, why, start)
     target = setup_target(torch, ctx.config)
-    datasheet, threshold = ctx.config.get("datasheet") or {}, threshold_pct(ctx.config)
+    mig = nvsmi.mig_judgement(ctx, target.names)  # a MIG instance: judged against its share of the GPU, or skipped
+    if mig.skip:
+        return mig.skipped(NAME, start)
+    ctx.config = mig.config(ctx.config)
+    expected, threshold = ctx.config.get("expected") or {}, threshold_pct(ctx.config)
     chosen = dtypes(torch, target, ctx.config)
     judged_names = [figure for figure in chosen if figure in FIGURES]
-    thresholds = datasheet_thresholds(judged_names, datasheet, threshold)
+    thresholds = expected_thresholds(judged_names, ctx.config)
     failures: list[str] = []
     per_gpu: dict[str, dict] = {}
     if target.cuda:
-        previous = torch.get_float32_matmul_precision()
+        burn = ctx.level == "burn-in"
+        budget = min(SWEEP_SECONDS, (TIMEOUT - 90 - (120 if burn else 0)) / target.gpus)
         for index in range(target.gpus):
-            with torch.cuda.device(index):
-                figures = {}
-                for figure, dtype in chosen.items():
-                    torch.set_float32_matmul_precision("high" if figure == "tf32_tflops" else "highest")
-                    figures[figure] = round(matmul_tflops(torch, f"cuda:{index}", GPU_N, dtype, index), 2)
-            torch.set_float32_matmul_precision(previous)
-            per_gpu[str(index)] = figures
-            failures += judge_figures(figures, datasheet, threshold, f"GPU {index}: ")[0]
-        size = GPU_N
+            per_gpu[str(index)] = gpu_best(torch, index, chosen, budget)
+            failures += judge_figures({f: per_gpu[str(index)][f] for f in judged_names}, expected, threshold,
+                                      f"GPU {index}: ")[0]
+        where = f"best of up to {len(SHAPES)} shapes"
     else:
-        per_gpu["cpu"] = {figure: round(matmul_tflops(torch, "cpu", CPU_N, dtype, 0), 4)
+        per_gpu["cpu"] = {figure: round(matmul_tflops(torch, "cpu", (CPU_N,) * 3, dtype, 0), 4)
                           for figure, dtype in chosen.items()}
-        size = CPU_N
+        where = f"{CPU_N}x{CPU_N} matmul"
     slowest = {figure: min(gpu[figure] for gpu in per_gpu.values()) for figure in chosen}
-    failures_min, judged = judge_figures({name: slowest[name] for name in judged_names}, datasheet, threshold)
+    failures_min, judged = judge_figures({name: slowest[name] for name in judged_names}, expected, threshold)
     if not target.cuda:
         failures = failures_min
-    figures = {**slowest, "n": size, "per_gpu": per_gpu, "device": target.describe()}
+    figures = {**slowest, "per_gpu": per_gpu, "device": target.describe()}
+    if target.cuda:
+        figures["shapes"] = ["x".join(map(str, shape)) for shape in SHAPES]
     if ctx.level == "burn-in" and target.cuda:
         figure = "bf16_tflops" if "bf16_tflops" in chosen else "fp16_tflops"
         seconds = burn_in_seconds(ctx.config, TIMEOUT - 60 - (time.monotonic() - start))
-        load = sustained(torch, target.gpus, GPU_N, chosen[figure], seconds)
-        figures["sustained"] = {"figure": figure, "seconds": round(seconds, 1),
-                                "per_gpu": {str(index): round(value, 2) for index, value in load.items()}}
-        for index, value in sorted(load.items()):
-            failures += judge_figures({figure: value}, datasheet, threshold,
-                                      f"GPU {index} sustained over {seconds:g} s: ")[0]
-    summary = ", ".join(f"{name.split('_')[0]} {value:.4g} TFLOP/s" for name, value in slowest.items())
-    summary = f"{target.describe()}, {size}x{size} matmul: {summary}"
+        report, problems = burnin.sustained(ctx, torch, target.gpus, SUSTAINED_N, chosen[figure], seconds, randn)
+        figures["sustained"] = {"figure": figure, "n": SUSTAINED_N, **report}
+        failures += problems
+        for index, row in sorted(report["per_gpu"].items()):
+            failures += judge_figures({figure: row["last_third_tflops"]}, expected, threshold,
+                                      f"GPU {index} sustained over {seconds:g} s (last third, {SUSTAINED_N}^3): ")[0]
+    summary = ", ".join(f"{name.split('_')[0]} {value:.4g} TFLOP/s{_shape_of(per_gpu, name, value)}"
+                        for name, value in slowest.items())
+    summary = f"{target.describe()}, {where}: {summary}" + (f" ({mig.note})" if mig.note else "")
     return perf_result(NAME, target, summary=summary, figures=figures, failures=failures, judged=judged,
                        wanted=judged_names, thresholds=thresholds, start=start)
-

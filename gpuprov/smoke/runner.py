@@ -107,7 +107,7 @@ def _valid(data, name: str) -> str | None:
         return "it gives no reason"
     if not isinstance(data.get("figures"), dict) or not isinstance(data.get("thresholds"), dict):
         return "figures and thresholds must be objects"
-    if not isinstance(data.get("seconds"), int | float):
+    if not isinstance(data.get("seconds"), (int, float)):
         return "seconds must be a number"
     return None
 
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_one(args.one, args.module, config, args.result)
         if args.versions:
             return versions_child(config, args.result)
-        started = datetime.datetime.now(datetime.UTC)
+        started = datetime.datetime.now(datetime.timezone.utc)
         begin = time.monotonic()
         owners, failures = discover()
         checks = select(level, args.only)

@@ -2,8 +2,9 @@
 
 torch's own view is what a training job gets: `torch.version.cuda` (the CUDA the wheel was built for),
 `torch.backends.cudnn.version()` and `torch.cuda.nccl.version()` (the libraries it loads). Each is compared with
-the config's `expect` (`cuda`, `cudnn`, `nccl`) on the components the expectation gives: `12.8` matches 12.8 and
-12.8.1, `2.26.5` only 2.26.5. A CPU build of torch reports none of them: skip, saying so.
+the config's `expect` (`cuda`, `cudnn`, `nccl`) on the components both give (their common precision, at least
+major.minor): `12.8` matches 12.8 and 12.8.1, `2.26.5` only 2.26.5, a release note's cuDNN `9.1.0.70` torch's
+`9.1.0`. A CPU build of torch reports none of them: skip, saying so.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def nccl_text(raw) -> str | None:
     major*10000+minor*100+patch, earlier ones major*1000+minor*100+patch)."""
     if raw is None:
         return None
-    if isinstance(raw, tuple | list):
+    if isinstance(raw, (tuple, list)):
         return ".".join(str(part) for part in raw[:3])
     code = int(raw)
     if code >= 20900:

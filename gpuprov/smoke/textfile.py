@@ -76,14 +76,14 @@ def per_gpu(figures: dict, names: tuple[str, ...]):
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _threshold(result: dict, figure: str) -> float | None:
-    """The pass line of one figure: its datasheet value times threshold_pct, where the result recorded both."""
+    """The pass line of one figure: its expected value times threshold_pct, where the result recorded both."""
     thresholds = result.get("thresholds") or {}
-    datasheet, pct = (thresholds.get("datasheet") or {}).get(figure), thresholds.get("threshold_pct")
-    return float(datasheet) * float(pct) / 100 if _is_number(datasheet) and _is_number(pct) else None
+    expected, pct = (thresholds.get("expected") or {}).get(figure), thresholds.get("threshold_pct")
+    return float(expected) * float(pct) / 100 if _is_number(expected) and _is_number(pct) else None
 
 
 def validation_textfile(host: str, results: list[dict], timestamp: float, failed_run: bool = False) -> str:

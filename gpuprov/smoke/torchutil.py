@@ -28,14 +28,14 @@ MAX_LOSS_RATIO = 0.9      # the last steps' mean loss must be at most this fract
 DEFAULT_THRESHOLD_PCT = 80.0
 DEFAULT_BURN_IN_SECONDS = 60.0
 
-# figure name -> (what it measures, unit, the datasheet key it is judged against)
+# figure name -> (what it measures, unit, the key of the config's `expected` block it is judged against)
 FIGURES = {
     "bf16_tflops": ("bf16 matmul", "TFLOP/s", "bf16_tflops"),
     "fp16_tflops": ("fp16 matmul", "TFLOP/s", "fp16_tflops"),
     "tf32_tflops": ("tf32 matmul", "TFLOP/s", "tf32_tflops"),
-    "d2d_gbs": ("device-to-device copy", "GB/s", "mem_bw_gbs"),
-    "h2d_gbs": ("host-to-device copy (pinned)", "GB/s", "pcie_gbs"),
-    "d2h_gbs": ("device-to-host copy (pinned)", "GB/s", "pcie_gbs"),
+    "d2d_gbs": ("device-to-device copy", "GB/s", "d2d_gbs"),
+    "h2d_gbs": ("host-to-device copy (pinned)", "GB/s", "h2d_gbs"),
+    "d2h_gbs": ("device-to-host copy (pinned)", "GB/s", "d2h_gbs"),
     "busbw_gbs": ("all-reduce bus bandwidth", "GB/s", "allreduce_busbw_gbs"),
 }
 
@@ -286,48 +286,52 @@ def shift_task(torch, batch: int, seq: int, vocab: int, seed: int = 1):
 
 def threshold_pct(config: dict) -> float:
     value = config.get("threshold_pct")
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else DEFAULT_THRESHOLD_PCT
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else DEFAULT_THRESHOLD_PCT
 
 
 def burn_in_seconds(config: dict, cap: float) -> float:
     value = config.get("burn_in_seconds")
-    seconds = float(value) if isinstance(value, int | float) and value > 0 else DEFAULT_BURN_IN_SECONDS
+    seconds = float(value) if isinstance(value, (int, float)) and value > 0 else DEFAULT_BURN_IN_SECONDS
     return min(seconds, cap)
 
 
-def judge_figures(measured: dict[str, float], datasheet: dict, threshold: float,
+def judge_figures(measured: dict[str, float], expected: dict, threshold: float,
                   where: str = "") -> tuple[list[str], dict[str, float]]:
-    """Each measured figure against its datasheet figure (FIGURES names the key): the failures, each with both
-    numbers and the threshold, and the percentage of the datasheet of every figure that could be judged."""
+    """Each measured figure against its expected figure (the config's `expected` block, published measurements of
+    the GPU model; FIGURES names the key): the failures, each with both numbers and the threshold, and the
+    percentage of the expected figure of every figure that could be judged."""
     failures: list[str] = []
     pct: dict[str, float] = {}
     for figure, value in measured.items():
         what, unit, key = FIGURES[figure]
-        reference = (datasheet or {}).get(key)
+        reference = (expected or {}).get(key)
         if value is None or not reference:
             continue
         pct[figure] = round(100.0 * value / reference, 1)
         if pct[figure] < threshold:
-            failures.append(f"{where}{what} {value:.4g} {unit} is {pct[figure]:.1f} % of the datasheet's "
+            failures.append(f"{where}{what} {value:.4g} {unit} is {pct[figure]:.1f} % of the expected "
                             f"{reference:g} {unit} (at least {threshold:g} % needed)")
     return failures, pct
 
 
-def datasheet_thresholds(figures: Iterable[str], datasheet: dict, threshold: float) -> dict:
-    """The thresholds record of a perf check: the percentage needed and the datasheet figure of each figure."""
+def expected_thresholds(figures: Iterable[str], config: dict) -> dict:
+    """The thresholds record of a perf check: the percentage needed, the expected figure of each figure and what
+    it rests on (a published measurement, or a fallback)."""
     keys = {figure: FIGURES[figure][2] for figure in figures}
-    return {"threshold_pct": threshold,
-            "datasheet": {figure: (datasheet or {}).get(key) for figure, key in keys.items()},
-            "datasheet_keys": keys}
+    expected, basis = config.get("expected") or {}, config.get("expected_basis") or {}
+    return {"threshold_pct": threshold_pct(config),
+            "expected": {figure: expected.get(key) for figure, key in keys.items()},
+            "expected_keys": keys,
+            "expected_basis": {figure: basis[key] for figure, key in keys.items() if isinstance(basis.get(key), str)}}
 
 
 def perf_result(name: str, target: Target, *, summary: str, figures: dict, failures: list[str],
                 judged: dict[str, float], wanted: Iterable[str], thresholds: dict, start: float) -> Result:
-    """A perf check's verdict. On a GPU: fail when a figure is under the threshold, skip when the datasheet has
-    none of the figures, else pass. On the CPU: skip (measured, not judged), unless torch should have seen the
+    """A perf check's verdict. On a GPU: fail when a figure is under the threshold, skip when nothing is expected
+    of any of the figures, else pass. On the CPU: skip (measured, not judged), unless torch should have seen the
     GPUs, which fails."""
     if target.cuda or target.problem:
-        figures = {**figures, "pct_of_datasheet": judged}
+        figures = {**figures, "pct_of_expected": judged}
     seconds = time.monotonic() - start
     if target.problem:
         return Result(name, FAIL, "; ".join([target.problem, *failures]), figures, thresholds, seconds)
@@ -339,11 +343,11 @@ def perf_result(name: str, target: Target, *, summary: str, figures: dict, failu
     unjudged = [figure for figure in wanted if figure not in judged]
     if not judged:
         keys = ", ".join(sorted({FIGURES[figure][2] for figure in unjudged}))
-        return Result(name, SKIP, f"the datasheet has no figure to judge against ({keys}): {summary}", figures,
+        return Result(name, SKIP, f"no expected figure to judge against ({keys}): {summary}", figures,
                       thresholds, seconds)
-    note = f"; not judged (no datasheet figure): {', '.join(unjudged)}" if unjudged else ""
-    return Result(name, PASS, f"{summary}: at least {thresholds['threshold_pct']:g} % of the datasheet{note}",
-                  figures, thresholds, seconds)
+    note = f"; not judged (no expected figure): {', '.join(unjudged)}" if unjudged else ""
+    return Result(name, PASS, f"{summary}: at least {thresholds['threshold_pct']:g} % of the expected figures"
+                  f"{note}", figures, thresholds, seconds)
 
 
 def compiler_missing(torch, target: Target) -> str:

@@ -5,6 +5,9 @@ parameters on every rank, and the loss falls.
 torchrun runs ddp_worker.py in a process group of its own, killed whole at the timeout, with a c10d rendezvous
 on 127.0.0.1 at a free port. `torchrun_argv` and `parse_worker_output` are also what the controller uses for the
 multi-node run (torchrun on every host of a group, one rendezvous over the cluster addresses).
+
+On a host whose GPUs are in MIG mode it is skipped: a CUDA process enumerates a single MIG device (NVIDIA MIG user
+guide, "CUDA Device Enumeration"), so torchrun would run one rank on one slice; DDP across the GPUs needs MIG off.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import os
 import sys
 import time
 
-from .core import FAIL, PASS, REGISTRY, Result, check
+from . import nvsmi
+from .core import FAIL, PASS, REGISTRY, SKIP, Result, check
 from .ddp_worker import MARK, PARAM_TOLERANCE
 from .torchutil import (
     LOSS_THRESHOLDS,
@@ -92,6 +96,11 @@ def subprocess_timeout(name: str) -> float:
 @check(NAME, timeout=180)
 def run(ctx) -> Result:
     start = time.monotonic()
+    mig = nvsmi.mig_gpus(ctx)
+    if mig:
+        return Result(NAME, SKIP, f"MIG is enabled on {', '.join(mig)}: a CUDA process sees one MIG instance, so "
+                      "DDP across the GPUs cannot run (disable MIG to judge it); not run", {"mig_enabled": mig},
+                      seconds=time.monotonic() - start)
     torch, why = import_torch()
     if torch is None:
         return no_torch(NAME, why, start)

@@ -6,6 +6,7 @@ import re
 from dataclasses import asdict, dataclass
 
 from gpuprov.ops.base import driver_packages, parse_versionlock
+from gpuprov.ops.cuda import family_packages
 from gpuprov.ops.pkg import VERSIONLOCK_LIST, for_family
 from gpuprov.stack.resolve import PACKAGE_SECTIONS
 
@@ -122,6 +123,11 @@ def check_host(facts: dict, stack) -> list[Mismatch]:
             out.append(Mismatch(f"package {name} hold", "held (a package of the driver)", "not held",
                                 f"hold it (apt-mark hold {name} / dnf versionlock) or run invoke provision: "
                                 "an upgrade of one driver package breaks NVML until a reboot"))
+    for name in family_packages(packages, stack):
+        if name not in held and name not in stack_names:
+            out.append(Mismatch(f"package {name} hold", "held (a package of the CUDA toolkit's release)",
+                                "not held", f"hold it (apt-mark hold {name} / dnf versionlock) or run invoke "
+                                "provision: an upgrade would move it to another release than the toolkit's"))
     driver_installed = all(same(packages.get(p["name"]), p["version"]) for p in stack["driver"]["packages"])
     if driver_installed:
         out.extend(dkms_mismatches(facts, want))

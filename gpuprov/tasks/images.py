@@ -41,17 +41,27 @@ def list_(c, name=None, json_=False):
     console().print(table)
 
 
-@task(iterable=["name"], help={"name": NAME_HELP})
+@task(iterable=["name"], help={"name": NAME_HELP,
+                               "wheels": "download the controller's wheelhouse (about 250 MB) for the images that "
+                                         "install from it (the lab's) when it is not there yet; without it such an "
+                                         "image is rendered only once its wheels are downloaded (images.build does)"})
 @exits_cleanly
-def render(c, name=None):
-    """Render the Dockerfile and build context of each image into build/images/<id>/."""
+def render(c, name=None, wheels=False):
+    """Render the Dockerfile and build context of each image into build/images/<id>/ (no download unless --wheels:
+    an image that needs one is named, with the command that renders it)."""
+    from gpuprov.images.render import WheelsNotDownloaded
     from gpuprov.images.render import render as render_image
     from gpuprov.images.spec import load_specs
     from gpuprov.report import console, styled
 
     out = console()
     for image in _selected(load_specs(), name):
-        rendered = render_image(image, say=lambda what, image=image: out.print(styled(f"{image.id}: {what}", "dim")))
+        try:
+            rendered = render_image(image, download=wheels,
+                                    say=lambda what, image=image: out.print(styled(f"{image.id}: {what}", "dim")))
+        except WheelsNotDownloaded as exc:
+            out.print(styled(f"{exc.message}: not rendered; {exc.hint}", "yellow"), soft_wrap=True)
+            continue
         out.print(styled(f"{rendered.folder}/Dockerfile"), styled(rendered.context_hash, "dim"), soft_wrap=True)
 
 
@@ -139,31 +149,37 @@ _BUILD_HELP = {
     "registry": "registry the images are tagged for (and pushed to with --push), such as 127.0.0.1:5000",
     "no_cache": "run every step again (no layer cache)",
     "builder": "sdk (default: the Docker SDK) or buildx (docker buildx bake, where buildx is installed)",
+    "parallel": "how many images the SDK builds at a time (default 2; 1: one after another)",
     "json": "print exactly one JSON document",
 }
 
 
 @task(iterable=["name"], help=_BUILD_HELP)
 @exits_cleanly
-def build(c, name=None, changed_only=False, push=False, registry=None, no_cache=False, builder="sdk", json_=False):
+def build(c, name=None, changed_only=False, push=False, registry=None, no_cache=False, builder="sdk", parallel=2,
+          json_=False):
     """Render and build images with per-step progress, read the versions and labels back; --push sends them on.
 
-    Each image's context is built through the Docker SDK (or `docker buildx bake`), tagged
-    <name>:<pytorch>-<cuXY|cpu>-<purpose> and with the git revision (and the same under --registry). After a build,
-    torch's versions inside the image and the image's labels must equal the spec's. A failed step shows the step
-    and its output's tail; exit 1 when any image failed."""
+    Each image's context is built through the Docker SDK, --parallel images at a time (or `docker buildx bake`),
+    tagged <name>:<pytorch>-<cuXY|cpu>-<purpose> and with the git revision (and the same under --registry). After a
+    build, torch's versions inside the image and the image's labels must equal the spec's (the versions read in a
+    container of that image ID before are reused). A failed step shows the step and its output's tail; exit 1 when
+    any image failed. The lab's wheelhouse is downloaded here, for the images that install from it."""
     from gpuprov.config import path_setting
     from gpuprov.errors import InputError
     from gpuprov.images.build import require_buildx
     from gpuprov.images.render import render as render_image
     from gpuprov.images.spec import load_specs
     from gpuprov.images.tags import check_registry
+    from gpuprov.images.verify import versions_record
     from gpuprov.report import check_folder
+    from gpuprov.tasks._common import whole_number
 
     if builder not in ("sdk", "buildx"):
         raise InputError(f"--builder must be sdk or buildx, not {builder!r}", step="images.build")
     if builder == "buildx":
         require_buildx()
+    parallel = whole_number("--parallel", parallel, 1)
     registry = check_registry(registry)
     if push and not registry:
         raise InputError("--push needs --registry: the registry to push to, such as 127.0.0.1:5000",
@@ -172,24 +188,31 @@ def build(c, name=None, changed_only=False, push=False, registry=None, no_cache=
     reports = path_setting(c, "reports")
     check_folder("gpuprov.reports", reports, write=True)
     check_output_files("gpuprov.reports", [reports / "images-build-latest.json"])
+    check_output_files("the images build folder", [versions_record(image.id) for image in images])
     progress = _progress(quiet=json_)
-    rendered = [render_image(image) for image in images]
-    build_one = _build_sdk if builder == "sdk" else _build_buildx
-    results = build_one(rendered, registry=registry, changed_only=changed_only, no_cache=no_cache, push=push,
-                        progress=progress)
+    rendered = [render_image(image, say=lambda what, image=image: progress(f"{image.id}: {what}", "dim"))
+                for image in images]
+    if builder == "sdk":
+        results = _build_sdk(rendered, registry=registry, changed_only=changed_only, no_cache=no_cache, push=push,
+                             progress=progress, parallel=parallel)
+    else:
+        results = _build_buildx(rendered, registry=registry, changed_only=changed_only, no_cache=no_cache, push=push,
+                                progress=progress)
     _finish("images.build", reports, "images-build", {"builder": builder, "registry": registry, "push": push,
                                                        "changed_only": changed_only, "images": results}, json_,
             columns=["image", "result", "cached", "seconds", "pushed"])
 
 
 def _progress(quiet: bool):
-    """Events on stderr, each line of one as a line (nothing with --json)."""
+    """Events on stderr, each line of one as a line (nothing with --json: no console is made)."""
     from gpuprov.report import console, styled
 
+    if quiet:
+        return lambda text, style=None: None
     out = console(stderr=True)
 
     def say(text: str, style: str | None = None) -> None:
-        for line in [] if quiet else text.splitlines():
+        for line in text.splitlines():
             out.print(styled(line, style), soft_wrap=True)
 
     return say
@@ -209,16 +232,17 @@ def _step_printer(image_id: str, progress):
     return on_event
 
 
-def _build_sdk(rendered, *, registry, changed_only, no_cache, push, progress) -> list[dict]:
-    """Build (or, --changed-only, skip) each rendered image through the SDK, verify it, push it."""
+def _build_sdk(rendered, *, registry, changed_only, no_cache, push, progress, parallel=1) -> list[dict]:
+    """Build (or, --changed-only, skip) each rendered image through the SDK, verify it, push it: `parallel` images
+    at a time (each image's lines name it)."""
     from gpuprov.errors import GpuprovError
-    from gpuprov.images.build import build_image, engine_client
+    from gpuprov.images.build import build_image, engine_client, in_parallel
     from gpuprov.images.labels import build_labels, provenance
 
     client = engine_client()
     origin = provenance()
-    results = []
-    for item in rendered:
+
+    def one(item) -> dict:
         image = item.image
         tags = _tags(image, registry, origin.revision)
         entry = {"image": image.id, "tags": tags}
@@ -238,8 +262,9 @@ def _build_sdk(rendered, *, registry, changed_only, no_cache, push, progress) ->
         except GpuprovError as exc:
             entry.update(result="failed", error=exc.to_dict())
             progress(str(exc), "bold red")
-        results.append(entry)
-    return results
+        return entry
+
+    return in_parallel(one, rendered, parallel)
 
 
 def _build_buildx(rendered, *, registry, changed_only, no_cache, push, progress) -> list[dict]:
@@ -284,17 +309,20 @@ def _tags(image, registry: str | None, revision: str | None) -> list[str]:
 
 
 def _verify(client, image, reference: str, progress) -> dict:
-    """Versions inside the image and its labels against the spec; GpuprovError naming each difference."""
+    """Versions inside the image and its labels against the spec; GpuprovError naming each difference. The versions
+    recorded for the image's ID by an earlier verification are reused (the same ID is the same content)."""
     from gpuprov.errors import GpuprovError
     from gpuprov.images.labels import image_labels
-    from gpuprov.images.verify import expected_versions, verify_image
+    from gpuprov.images.verify import expected_versions, verify_image, versions_record
 
-    verification = verify_image(client, reference, expected_versions(image.versions), image_labels(image))
+    verification = verify_image(client, reference, expected_versions(image.versions), image_labels(image),
+                                record=versions_record(image.id))
     if verification.problems:
         raise GpuprovError(f"{reference} differs from its spec: " + "; ".join(verification.problems),
                            step="verify image", hint=f"fix the spec or templates of {image.id} and build it again")
     found = verification.versions
-    progress(f"{image.id}: inside: torch {found.get('torch')}, CUDA {found.get('cuda') or 'none'}, cuDNN "
+    where = f"as read earlier in this image ({verification.image_id[:19]})" if verification.reused else "inside"
+    progress(f"{image.id}: {where}: torch {found.get('torch')}, CUDA {found.get('cuda') or 'none'}, cuDNN "
              f"{found.get('cudnn') or 'none'}, NCCL {found.get('nccl') or 'none'}; labels as the spec's", "green")
     return verification.to_dict()
 

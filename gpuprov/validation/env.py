@@ -37,6 +37,7 @@ MANIFEST = "wheelhouse.json"
 ARCHES = ("x86_64", "aarch64")
 SCHEME = 2          # in the venv marker: venvs built before wheels were pinned and checked as root are rebuilt
 SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"   # where root looks for python3 (never the SSH user's PATH)
+MIN_PYTHON = (3, 9)   # the oldest the suite runs on: RHEL/Rocky 9's (tests/unit/test_host_python_versions.py)
 
 # Runs on the host as root with the checked python3 (-I: no environment, no user site, no current folder on
 # sys.path): what the wheelhouse must fit, and the markers of an earlier run.
@@ -167,6 +168,14 @@ def probe_host(remote, layout: Layout = LAYOUT) -> HostPython:
     except (ValueError, IndexError):
         raise GpuprovError("cannot read the host's Python", host=remote.name, step="python env",
                            command=result.shown_command(), output=result.stderr or result.stdout) from None
+    if tuple(int(part) for part in info["version"].split(".")) < MIN_PYTHON:
+        oldest = ".".join(map(str, MIN_PYTHON))
+        raise GpuprovError(f"the host's python3 is Python {info['version']} ({info['python']}); the suite needs "
+                           f"Python {oldest} or newer", host=remote.name, step="python env",
+                           command=result.shown_command(),
+                           hint=f"make python3 on the system PATH ({SYSTEM_PATH}) a Python {oldest} or newer from "
+                                "the distribution (RHEL/Rocky 8: dnf install python39, then alternatives --set "
+                                "python3 /usr/bin/python3.9), or run the suite in a container image with --image")
     if info["libc"] != "glibc" or not info["glibc"]:
         raise GpuprovError(f"the host's Python is not built on glibc ({info['libc'] or 'unknown C library'}): "
                            "PyTorch publishes manylinux wheels only", host=remote.name, step="python env",

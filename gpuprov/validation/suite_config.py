@@ -8,7 +8,8 @@ checked here, naming the host and where the value came from):
     data_dir: /data                                      the data folder that should sit on local NVMe
     cluster_address: 10.1.0.11                           address for multi-node rendezvous (default: address)
     validate:
-      threshold_pct: 80              percent of the datasheet a figure must reach; or per GPU model:
+      threshold_pct: 80              percent of the expected figure (gpus.yaml: published measurements of the
+                                     model, not its datasheet) a figure must reach; or per GPU model:
                                      {H100-SXM: 85, default: 80}
       outlier_pct: 10                a figure more than this far below the fleet median fails
       textfile_dir: /var/lib/prometheus/node-exporter    node_exporter's textfile collector folder
@@ -81,7 +82,8 @@ class ValidateVars:
     sources: dict = field(default_factory=dict, compare=False)
 
     def threshold_for(self, gpu_key: str | None) -> float:
-        """The datasheet threshold for a GPU model: a number, or the model's entry of a mapping."""
+        """The threshold (percent of the expected figures) for a GPU model: a number, or the model's entry of a
+        mapping."""
         if not isinstance(self.threshold_pct, dict):
             return float(self.threshold_pct)
         from gpuprov.catalog import lookup
@@ -253,6 +255,20 @@ def datasheet(model) -> dict:
             "tf32_tflops": row.get("tf32_tflops"), "mem_bw_gbs": model.mem_bw_gbs, "pcie_gbs": row.get("pcie_gbs")}
 
 
+def expected(model, gpus: int | None, nvswitch: bool) -> tuple[dict, dict]:
+    """The figures the perf checks are judged against (gpuprov.catalog.expected_figures: published measurements of
+    the model, or a marked fallback; None where nothing is expected), and what each one rests on."""
+    from gpuprov.catalog import EXPECTED_KEYS, expected_figures
+
+    if model is None:
+        return dict.fromkeys(EXPECTED_KEYS), dict.fromkeys(EXPECTED_KEYS, "no GPU model known for this host")
+    figures = expected_figures(model, gpus, nvswitch)
+    values = {key: figure.value if figure else None for key, figure in figures.items()}
+    basis = {key: figure.basis if figure else f"nothing published for {model.key} here" for key, figure in
+             figures.items()}
+    return values, basis
+
+
 def torch_wheel(stack: dict | None, settings: ValidateVars) -> str | None:
     """The PyTorch wheel variant of the host's venv: the inventory's override, else the stack's."""
     return settings.torch_wheel or ((stack or {}).get("pytorch") or {}).get("wheel")
@@ -304,6 +320,7 @@ def build_config(host, facts: dict, stack: dict | None, settings: ValidateVars, 
     smi = facts.get("nvidia_smi") or {}
     count = hardware.get("count") or len(facts.get("pci_gpus") or []) or None
     nvswitch = hardware["nvswitch"] if "nvswitch" in hardware else stack.get("fabricmanager") is not None
+    figures, basis = expected(model, count, bool(nvswitch))
     return {
         "host": host.name,
         "level": level,
@@ -319,6 +336,8 @@ def build_config(host, facts: dict, stack: dict | None, settings: ValidateVars, 
             "bf16": bool(model and vkey(model.compute_capability) >= (8, 0)),
         },
         "datasheet": datasheet(model),
+        "expected": figures,
+        "expected_basis": basis,
         "threshold_pct": settings.threshold_for(model.key if model else None),
         "workload": settings.workload,
         "data_dir": settings.data_dir,

@@ -213,13 +213,26 @@ def test_unlimited_locked_memory_is_asked_for_and_this_labs_engine_cannot_grant_
 
 def test_images_run_is_refused_before_pulling_where_the_driver_is_below_the_minimum(lab, inventory, provisioned,
                                                                                     env, registry):
+    from gpuprov.stack.lock import load_lock, write_lock
+
     name = l40s(lab)
     driver = on_host(lab, name, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").splitlines()[0]
     assert driver.startswith("570.")
+    # the cu129 wheel runs on R570 through CUDA 12's minor-version compatibility (drivers >= 525.60.13): no refusal,
+    # the pull is tried (and fails: this host has no Docker)
+    proc = invoke("images.run", "--inventory", str(inventory), "--host", name, "--name", CU129, "--registry",
+                  registry.pull, "--", "nvidia-smi", check_code=1, env=env)
+    assert proc.stdout.splitlines()[0].startswith(f"[{name}] images.run: docker pull failed (exit ")
+    # a locked digest whose minimum is above the driver is refused before pulling
+    invoke("stack.lock", "--inventory", str(inventory), "--host", name, env=env)
+    path = Path(env["INVOKE_GPUPROV_LOCKS"]) / f"{name}.lock.yaml"
+    lock, digest = load_lock(path), "sha256:" + "1" * 64
+    write_lock(path, lock["stack"], lock["inputs"], [{"name": CU129, "tag": "2.8.0-cu129-train", "digest": digest,
+                                                      "min_driver": CU129_MIN_DRIVER}])
     proc = invoke("images.run", "--inventory", str(inventory), "--host", name, "--name", CU129, "--registry",
                   registry.pull, "--", "nvidia-smi", check_code=1, env=env)
     assert proc.stdout.splitlines()[0] == (
-        f"[{name}] images.run: refused before pulling {registry.pull}/cuda-pytorch-train:2.8.0-cu129-train: the "
+        f"[{name}] images.run: refused before pulling {registry.pull}/cuda-pytorch-train@{digest}: the "
         f"host's driver {driver} is older than {CU129_MIN_DRIVER}, the image's io.gpuprov.min-driver")
     # nothing was pulled: this host has no Docker at all, so any pull would have failed differently
     assert on_host(lab, name, "command -v docker || echo none").strip() == "none"

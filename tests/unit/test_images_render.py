@@ -27,14 +27,51 @@ from gpuprov.lab.images import base_tag
 from gpuprov.tasks import images as image_tasks
 
 PROJECT = Path(__file__).resolve().parents[2]
-# NVIDIA_REQUIRE_CUDA of NVIDIA's nvidia/cuda:12.8.1 images holds these clauses for the 535 branch (besides
-# 470, 550, 560 and 565, which gpuprov's forward-compatibility data does not list for CUDA 12.8).
+# NVIDIA_REQUIRE_CUDA as NVIDIA writes it, copied from NVIDIA's published Dockerfile of nvidia/cuda:12.8.1-base-
+# ubuntu24.04 (and the runtime and cudnn tags on it): https://gitlab.com/nvidia/container-images/cuda
+# dist/12.8.1/ubuntu2404/base/Dockerfile, the x86_64 stage (GitHub mirror pranavmishra90/nvidia-container-images-cuda
+# at 60a1c892). Forward compatibility on branches 470, 535, 550, 560 and 565, each for twelve brands.
 REQUIRE_CUDA_12_8 = (
-    "cuda>=12.8 brand=unknown,driver>=535,driver<536 brand=grid,driver>=535,driver<536 "
-    "brand=tesla,driver>=535,driver<536 brand=nvidia,driver>=535,driver<536 brand=quadro,driver>=535,driver<536 "
+    "cuda>=12.8 brand=unknown,driver>=470,driver<471 brand=grid,driver>=470,driver<471 "
+    "brand=tesla,driver>=470,driver<471 brand=nvidia,driver>=470,driver<471 "
+    "brand=quadro,driver>=470,driver<471 brand=quadrortx,driver>=470,driver<471 "
+    "brand=nvidiartx,driver>=470,driver<471 brand=vapps,driver>=470,driver<471 "
+    "brand=vpc,driver>=470,driver<471 brand=vcs,driver>=470,driver<471 brand=vws,driver>=470,driver<471 "
+    "brand=cloudgaming,driver>=470,driver<471 brand=unknown,driver>=535,driver<536 "
+    "brand=grid,driver>=535,driver<536 brand=tesla,driver>=535,driver<536 "
+    "brand=nvidia,driver>=535,driver<536 brand=quadro,driver>=535,driver<536 "
     "brand=quadrortx,driver>=535,driver<536 brand=nvidiartx,driver>=535,driver<536 "
     "brand=vapps,driver>=535,driver<536 brand=vpc,driver>=535,driver<536 brand=vcs,driver>=535,driver<536 "
-    "brand=vws,driver>=535,driver<536 brand=cloudgaming,driver>=535,driver<536")
+    "brand=vws,driver>=535,driver<536 brand=cloudgaming,driver>=535,driver<536 "
+    "brand=unknown,driver>=550,driver<551 brand=grid,driver>=550,driver<551 "
+    "brand=tesla,driver>=550,driver<551 brand=nvidia,driver>=550,driver<551 "
+    "brand=quadro,driver>=550,driver<551 brand=quadrortx,driver>=550,driver<551 "
+    "brand=nvidiartx,driver>=550,driver<551 brand=vapps,driver>=550,driver<551 "
+    "brand=vpc,driver>=550,driver<551 brand=vcs,driver>=550,driver<551 brand=vws,driver>=550,driver<551 "
+    "brand=cloudgaming,driver>=550,driver<551 brand=unknown,driver>=560,driver<561 "
+    "brand=grid,driver>=560,driver<561 brand=tesla,driver>=560,driver<561 "
+    "brand=nvidia,driver>=560,driver<561 brand=quadro,driver>=560,driver<561 "
+    "brand=quadrortx,driver>=560,driver<561 brand=nvidiartx,driver>=560,driver<561 "
+    "brand=vapps,driver>=560,driver<561 brand=vpc,driver>=560,driver<561 brand=vcs,driver>=560,driver<561 "
+    "brand=vws,driver>=560,driver<561 brand=cloudgaming,driver>=560,driver<561 "
+    "brand=unknown,driver>=565,driver<566 brand=grid,driver>=565,driver<566 "
+    "brand=tesla,driver>=565,driver<566 brand=nvidia,driver>=565,driver<566 "
+    "brand=quadro,driver>=565,driver<566 brand=quadrortx,driver>=565,driver<566 "
+    "brand=nvidiartx,driver>=565,driver<566 brand=vapps,driver>=565,driver<566 "
+    "brand=vpc,driver>=565,driver<566 brand=vcs,driver>=565,driver<566 brand=vws,driver>=565,driver<566 "
+    "brand=cloudgaming,driver>=565,driver<566")
+# NGC PyTorch images' own contract (their environment, `env` in nvcr.io/nvidia/pytorch:23.10-py3 and 26.03-py3):
+# NVIDIA_REQUIRE_CUDA=cuda>=9.0 (their entrypoint checks the driver), NVIDIA_DRIVER_CAPABILITIES=compute,utility,video
+NGC_REQUIRE_CUDA = "cuda>=9.0"
+CAPABILITIES = "compute,utility,video"
+# The healthcheck of cuda-onnxruntime-infer: an ONNX Runtime session's own providers (get_available_providers()
+# lists CUDA wherever onnxruntime-gpu is installed)
+SESSION_HEALTHCHECK = (
+    "import sys, onnx.helper as h, onnxruntime as ort; x, y = (h.make_tensor_value_info(name, 1, [1]) for name in "
+    "'xy'); graph = h.make_graph([h.make_node('Identity', ['x'], ['y'])], 'health', [x], [y]); model = "
+    "h.make_model(graph, opset_imports=[h.make_opsetid('', 13)], ir_version=8); session = "
+    "ort.InferenceSession(model.SerializeToString(), providers=['CUDAExecutionProvider']); "
+    "sys.exit('CUDAExecutionProvider' not in session.get_providers())")
 OCI = "org.opencontainers.image."
 
 
@@ -48,22 +85,23 @@ def stack_labels(title, version, description, purpose, pytorch, cuda=None, cudnn
 
 TRAIN = "PyTorch from download.pytorch.org on nvidia/cuda for multi-GPU training"
 NGC = "NGC PyTorch for multi-GPU training, run as a non-root user with gpuprov's smoke suite"
-# What each shipped image must be. Versions: CUDA 12.8.1 needs driver 570.124.06 and 12.9.1 575.57.08 (CUDA release
-# notes, Table 3); NGC PyTorch 24.05 is CUDA 12.4.1, cuDNN 9.1.0.70, NCCL 2.21.5, PyTorch 2.4.0a0+07cecf4168 and
-# 25.01 CUDA 12.8.0 with PyTorch 2.6.0a0+ecf3bae40a (NGC release notes); torch 2.8.0 requires nvidia-nccl-cu12==2.27.3.
+# What each shipped image must be. Versions: a PyTorch CUDA 12 wheel bundles its CUDA runtime, which runs on any driver
+# from 525.60.13 (CUDA release notes and "CUDA Compatibility", minor version compatibility of CUDA 12.x); NGC PyTorch
+# 24.05 is CUDA 12.4.1, cuDNN 9.1.0.70, NCCL 2.21.5, PyTorch 2.4.0a0+07cecf4168 and 25.01 CUDA 12.8.0 with PyTorch
+# 2.6.0a0+ecf3bae40a (NGC release notes); torch 2.8.0 requires nvidia-nccl-cu12==2.27.3.
 EXPECTED = {
     "cuda-onnxruntime-infer": (
         "nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04",
         stack_labels("cuda-onnxruntime-infer", "2.8.0-cu128-infer", "ONNX Runtime GPU on nvidia/cuda for inference "
-                     "servers", "infer", "2.8.0+cu128", "12.8.1", "9", "2.27.3", "570.124.06")),
+                     "servers", "infer", "2.8.0+cu128", "12.8.1", "9", "2.27.3", "525.60.13")),
     "cuda-pytorch-train-2.8.0-cu128": (
         "nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04",
         stack_labels("cuda-pytorch-train", "2.8.0-cu128-train", TRAIN, "train", "2.8.0+cu128", "12.8.1", "9",
-                     "2.27.3", "570.124.06")),
+                     "2.27.3", "525.60.13")),
     "cuda-pytorch-train-2.8.0-cu129": (
         "nvidia/cuda:12.9.1-cudnn-runtime-ubuntu24.04",
         stack_labels("cuda-pytorch-train", "2.8.0-cu129-train", TRAIN, "train", "2.8.0+cu129", "12.9.1", "9",
-                     "2.27.3", "575.57.08")),
+                     "2.27.3", "525.60.13")),
     "lab-pytorch-cpu": (
         base_tag(),
         stack_labels("lab-pytorch-cpu", "2.13.0-cpu-train", "the lab's PyTorch CPU image for training jobs and the "
@@ -83,9 +121,11 @@ EXPECTED = {
 }
 INSTALLS = {
     "cuda-onnxruntime-infer": ["--index-url https://download.pytorch.org/whl/cu128", "torch==2.8.0+cu128",
-                               "nvidia-nccl-cu12==2.27.3", "python3=3.12.3-0ubuntu2", "onnxruntime-gpu==1.22.0"],
+                               "nvidia-nccl-cu12==2.27.3", "python3=3.12.3-0ubuntu2", "onnxruntime-gpu==1.22.0",
+                               "python3-minimal=3.12.3-0ubuntu2", "libpython3-stdlib=3.12.3-0ubuntu2"],
     "cuda-pytorch-train-2.8.0-cu128": ["--index-url https://download.pytorch.org/whl/cu128", "torch==2.8.0+cu128",
-                                       "nvidia-nccl-cu12==2.27.3", "python3-venv=3.12.3-0ubuntu2"],
+                                       "nvidia-nccl-cu12==2.27.3", "python3-venv=3.12.3-0ubuntu2",
+                                       "python3-minimal=3.12.3-0ubuntu2", "libpython3-stdlib=3.12.3-0ubuntu2"],
     "cuda-pytorch-train-2.8.0-cu129": ["--index-url https://download.pytorch.org/whl/cu129", "torch==2.8.0+cu129",
                                        "nvidia-nccl-cu12==2.27.3"],
     "lab-pytorch-cpu": ["--no-index", "torch==2.13.0+cpu"],
@@ -99,7 +139,8 @@ purpose: train
 gpus: [H100-SXM]
 base: {cuda: "12.8.1", cudnn: "9", ubuntu: "24.04"}
 pytorch: "2.8.0"
-apt: {python3: "3.12.3-0ubuntu2", python3-venv: "3.12.3-0ubuntu2"}
+apt: {python3: "3.12.3-0ubuntu2", python3-minimal: "3.12.3-0ubuntu2", libpython3-stdlib: "3.12.3-0ubuntu2",
+      python3-venv: "3.12.3-0ubuntu2"}
 user: {name: gpuprov, uid: 1000}
 """
 
@@ -128,8 +169,7 @@ def test_from_versions_labels_and_user(rendered, image_id):
     assert instructions(dockerfile, "USER") == ["1000:1000"]
     useradd = [run for run in instructions(dockerfile, "RUN") if "useradd" in run]
     assert len(useradd) == 1 and "--uid 1000 --gid 1000 gpuprov" in useradd[0]
-    assert (parsed.envs["NVIDIA_VISIBLE_DEVICES"], parsed.envs["NVIDIA_DRIVER_CAPABILITIES"]) == ("all",
-                                                                                                  "compute,utility")
+    assert (parsed.envs["NVIDIA_VISIBLE_DEVICES"], parsed.envs["NVIDIA_DRIVER_CAPABILITIES"]) == ("all", CAPABILITIES)
     runs = " ".join(instructions(dockerfile, "RUN"))
     assert all(" ".join(item.split()) in " ".join(runs.split()) for item in INSTALLS[image_id])
 
@@ -137,9 +177,9 @@ def test_from_versions_labels_and_user(rendered, image_id):
 def test_the_nvidia_contract_as_nvidias_images_write_it(rendered):
     envs = {key: DockerfileParser(str(item.folder / "Dockerfile")).envs for key, item in rendered.items()}
     assert envs["cuda-pytorch-train-2.8.0-cu128"]["NVIDIA_REQUIRE_CUDA"] == REQUIRE_CUDA_12_8
-    assert envs["ngc-pytorch-train-2.6.0a0-cu128"]["NVIDIA_REQUIRE_CUDA"] == REQUIRE_CUDA_12_8
-    assert envs["cuda-pytorch-train-2.8.0-cu129"]["NVIDIA_REQUIRE_CUDA"].startswith("cuda>=12.9 brand=unknown,"
-                                                                                    "driver>=535,driver<536 ")
+    assert envs["cuda-onnxruntime-infer"]["NVIDIA_REQUIRE_CUDA"] == REQUIRE_CUDA_12_8
+    assert envs["ngc-pytorch-train-2.6.0a0-cu128"]["NVIDIA_REQUIRE_CUDA"] == NGC_REQUIRE_CUDA
+    assert envs["ngc-pytorch-train-2.4.0a0-cu124"]["NVIDIA_REQUIRE_CUDA"] == NGC_REQUIRE_CUDA
     assert "NVIDIA_REQUIRE_CUDA" not in envs["lab-pytorch-cpu"]      # a CPU image requires no CUDA
     assert envs["cuda-pytorch-train-2.8.0-cu128"]["NCCL_DEBUG"] == "WARN"
     assert envs["cuda-pytorch-train-2.8.0-cu128"]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
@@ -151,8 +191,7 @@ def test_the_inference_images_expose_a_port_and_a_healthcheck(rendered):
     [check] = instructions(dockerfile, "HEALTHCHECK")
     options, _, command = check.partition(" CMD ")
     assert options.split() == ["--interval=30s", "--timeout=10s", "--start-period=30s", "--retries=3"]
-    assert json.loads(command) == ["python3", "-c", "import sys, onnxruntime; sys.exit('CUDAExecutionProvider' not in "
-                                   "onnxruntime.get_available_providers())"]
+    assert json.loads(command) == ["python3", "-c", SESSION_HEALTHCHECK]
     assert instructions(rendered["lab-pytorch-cpu"].folder / "Dockerfile", "HEALTHCHECK") == []
 
 

@@ -24,14 +24,17 @@ from gpuprov.images.spec import SpecError, load_spec, load_specs, read_spec
 from gpuprov.inventory.diagnostics import show
 from gpuprov.tasks import images as image_tasks
 
-GOOD = """\
+# Ubuntu 24.04's python3-defaults, pinned as a family: python3 depends on python3-minimal and libpython3-stdlib at
+# exactly its own version, python3-venv on python3 (apt-cache show python3 python3-venv)
+PYTHON3 = {name: "3.12.3-0ubuntu2" for name in ("python3", "python3-venv", "python3-minimal", "libpython3-stdlib")}
+APT = "apt: {" + ", ".join(f'{name}: "{version}"' for name, version in PYTHON3.items()) + "}\n"
+GOOD = f"""\
 name: t
 purpose: train
 gpus: [H100-SXM]
-base: {cuda: "12.8.1", cudnn: "9", ubuntu: "24.04"}
+base: {{cuda: "12.8.1", cudnn: "9", ubuntu: "24.04"}}
 pytorch: "2.8.0"
-apt: {python3: "3.12.3-0ubuntu2", python3-venv: "3.12.3-0ubuntu2"}
-user: {name: gpuprov, uid: 1000}
+{APT}user: {{name: gpuprov, uid: 1000}}
 """
 
 
@@ -180,7 +183,7 @@ def test_an_nccl_pin_against_the_ngc_data(tmp_path):
     ("user: {name: gpuprov, uid: 1000}\n", "", ["FILE:1:1: (top level): the spec needs user:"]),
     ('cudnn: "9", ', "", ["FILE:4:7: base: a CUDA base needs base.cudnn"]),
     ("gpus: [H100-SXM]\n", "", ["FILE:3:7: base: a CUDA base needs gpus"]),
-    ("apt: {python3: \"3.12.3-0ubuntu2\", python3-venv: \"3.12.3-0ubuntu2\"}\n", "",
+    (APT, "",
      ["FILE:4:7: base: a CUDA base has no Python: add python3 and python3-venv to apt, pinned (PyTorch is "
       "installed into a venv)"]),
     ("base: {cuda: \"12.8.1\", ", "base: {", ["FILE:4:7: base: base needs one of ngc: TAG, cuda: VERSION or local: "
@@ -346,7 +349,7 @@ def _specs(draw) -> dict:
                         "cudnn": draw(st.sampled_from(["9", "8"])), "ubuntu": draw(st.sampled_from(["24.04", "22.04"])),
                         "flavor": draw(st.sampled_from(["runtime", "devel"]))}
         spec["pytorch"] = draw(st.sampled_from(["2.8.0", "2.7.1", "2.6.0"]))
-        spec["apt"] = {"python3": "3.12.3-0ubuntu2", "python3-venv": "3.12.3-0ubuntu2"}
+        spec["apt"] = dict(PYTHON3)
     if draw(st.booleans()):
         spec["base"]["digest"] = "sha256:" + draw(st.text("0123456789abcdef", min_size=64, max_size=64))
     spec["env"] = draw(st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,8}", fullmatch=True), _TEXT, max_size=4))

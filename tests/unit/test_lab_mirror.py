@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -102,11 +103,10 @@ def test_lab_stacks_cover_every_profile_with_newest_and_two_older_branches():
     from gpuprov.catalog import lookup
     from gpuprov.lab.profiles import load_profiles
 
-    profiles = load_profiles()
-    stacks = lab_stacks(profiles)
-    assert {s["os"] for s in stacks} == {"debian-12"}
-    for profile in profiles.values():
-        mine = [s for s in stacks if s["gpu"]["model"] == lookup(profile.hardware["gpu"]).key]
+    for profile in load_profiles().values():
+        mine = lab_stacks([profile])
+        assert {s["os"] for s in mine} == {"debian-12"}
+        assert {s["gpu"]["model"] for s in mine} == {lookup(profile.hardware["gpu"]).key}
         branches = [int(s["driver"]["branch"]) for s in mine]
         assert len(mine) == 3 and branches[0] == max(branches) and len(set(branches)) == 3
         assert all((s["fabricmanager"] is not None) == profile.hardware["nvswitch"] for s in mine)
@@ -186,13 +186,32 @@ def test_proprietary_metapackage_pulls_the_proprietary_kernel_module():
     assert not any(name.endswith("-open") for name in names)
 
 
-def test_cuda_toolkit_pulls_its_parts_at_its_version():
-    specs = standin_packages([_stack("570", "570.148.08")], KERNEL)
-    toolkit = next(s for s in specs if s.name == "cuda-toolkit-12-8")
-    assert set(toolkit.depends) == {f"{p}-12-8 (= 12.8.1-1)" for p in ("cuda-compiler", "cuda-libraries",
-                                                                       "cuda-libraries-dev", "cuda-tools",
-                                                                       "cuda-nvml-dev")}
-    assert {s.name for s in specs} >= {"cuda-compiler-12-8", "cuda-libraries-12-8"}
+def test_cuda_toolkit_pulls_its_parts_by_minimum_versions_as_nvidias_does():
+    specs = {s.name: s for s in standin_packages([_stack("570", "570.148.08")], KERNEL)}
+    toolkit = specs["cuda-toolkit-12-8"]
+    # NVIDIA's 12.8.1: metapackages at 12.8.1-1, cuda-cudart-12-8 12.8.90-1 and libcublas-12-8 12.8.4.1-1 (the
+    # versions NVIDIA's 12.8.1 cuda images install)
+    assert set(toolkit.depends) == {"cuda-compiler-12-8 (>= 12.8.1)", "cuda-libraries-12-8 (>= 12.8.1)",
+                                    "cuda-libraries-dev-12-8 (>= 12.8.1)", "cuda-tools-12-8 (>= 12.8.1)",
+                                    "cuda-nvml-dev-12-8 (>= 12.8.90)"}
+    assert specs["cuda-compiler-12-8"].version == "12.8.1-1"
+    assert specs["cuda-cudart-12-8"].version == "12.8.90-1" and specs["libcublas-12-8"].version == "12.8.4.1-1"
+    assert set(specs["cuda-libraries-12-8"].depends) == {"cuda-cudart-12-8 (>= 12.8.90)",
+                                                         "libcublas-12-8 (>= 12.8.4.1)"}
+    assert "Depends: cuda-nvcc-12-8 (>= 12.8.90)" in control_text(specs["cuda-compiler-12-8"], "amd64", 1)
+
+
+def test_the_newer_cuda_patch_release_has_every_part_newer_for_apt():
+    stack = _stack("595", "595.58.03", pinning=True, cuda="13.2.1", nccl="2.30.4")
+    current = {s.name: s for s in standin_packages([stack], KERNEL) if s.role in ("cuda", "cuda_part")}
+    newer = {s.name: s for s in standins.newer_cuda_release(stack)}
+    assert newer["cuda-toolkit-13-2"].version == "13.2.99-1" and set(newer) == set(current)
+    assert {(s.name, s.version) for s in standins.point_release_packages([stack])} >= {
+        (s.name, s.version) for s in newer.values()}
+    if shutil.which("dpkg"):
+        for name, spec in newer.items():
+            assert subprocess.run(["dpkg", "--compare-versions", spec.version, "gt", current[name].version],
+                                  check=False).returncode == 0, name
 
 
 def test_driver_files_sit_in_the_package_that_carries_them():
@@ -262,7 +281,8 @@ def test_every_stack_section_with_packages_gets_stand_ins():
 def test_point_release_covers_each_profiles_newest_branch_only():
     stacks = [_stack("570", "570.211.01"), _stack("595", "595.58.03", pinning=True)]
     point = standins.point_release_packages(stacks)
-    assert {s.upstream for s in point} == {"595.999.01"}
+    assert {s.upstream for s in point if s.role.startswith("driver")} == {"595.999.01"}
+    assert {s.version for s in point if s.name.startswith("cuda-toolkit-")} == {"12.8.99-1"}
 
 
 def test_other_roles_install_their_real_file_names():
@@ -278,8 +298,8 @@ def test_other_roles_install_their_real_file_names():
     assert {"usr/bin/dcgmi", "lib/systemd/system/nvidia-dcgm.service"} <= set(dcgm.files)
     cuda = files("cuda-toolkit-12-8", "12.8.1-1", "cuda", "12.8.1")
     assert json.loads(cuda.files["usr/local/cuda-12.8/version.json"][0])["cuda"]["version"] == "12.8.1"
-    nvcc = files("cuda-compiler-12-8", "12.8.1-1", "cuda_part", "12.8.1").files["usr/local/cuda-12.8/bin/nvcc"]
-    assert b"release 12.8, V12.8.1" in nvcc[0] and nvcc[1] == 0o755
+    nvcc = files("cuda-nvcc-12-8", "12.8.93-1", "cuda_part", "12.8.93").files["usr/local/cuda-12.8/bin/nvcc"]
+    assert b"release 12.8, V12.8.93" in nvcc[0] and nvcc[1] == 0o755
     nccl = files("libnccl2", "2.26.5-1+cuda12.9", "nccl", "2.26.5")
     assert "usr/lib/x86_64-linux-gnu/libnccl.so.2.26.5" in nccl.files
     headers = files(f"linux-headers-{KERNEL}", "6.1.0-0gpuprovlab1", "kernel_headers", KERNEL)
@@ -613,3 +633,77 @@ def test_apt_resolves_the_metapackage_and_a_held_stack_ignores_the_point_release
     apt = _Apt(tmp_path, repo, keyring, _status((repo.path / "Packages").read_text(), pulled, held=set()))
     rc, out = apt.run("dist-upgrade")
     assert rc == 0 and _installs(out)["nvidia-open"] == "595.999.01-1", out
+
+
+def _apt_over(tmp_path: Path, specs: list[PackageSpec]) -> dict:
+    """A repository of the stand-ins' control files and an empty dpkg status for the real apt; its environment."""
+    if shutil.which("apt-get") is None:
+        pytest.skip("needs apt (a Debian/Ubuntu controller)")
+    for folder in ("repo", "state/lists/partial", "cache/archives/partial", "bin", "parts"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+    stanzas = []
+    for spec in specs:
+        lines = control_text(spec, "amd64", 1).rstrip("\n").splitlines()
+        cut = next(i for i, line in enumerate(lines) if line.startswith("Description:"))
+        stanzas.append("\n".join(lines[:cut] + [f"Filename: pool/{standins.deb_filename(spec, 'amd64')}", "Size: 1"]
+                                 + lines[cut:]))
+    (tmp_path / "repo" / "Packages").write_text("\n\n".join(stanzas) + "\n")
+    (tmp_path / "state" / "status").write_text("")
+    (tmp_path / "sources.list").write_text(f"deb [trusted=yes] file:{tmp_path / 'repo'} /\n")
+    (tmp_path / "apt.conf").write_text(
+        f'Dir::State "{tmp_path}/state";\nDir::State::status "{tmp_path}/state/status";\n'
+        f'Dir::Cache "{tmp_path}/cache";\nDir::Etc::sourcelist "{tmp_path}/sources.list";\n'
+        f'Dir::Etc::sourceparts "{tmp_path}/parts";\nDir::Etc::preferencesparts "{tmp_path}/parts";\n'
+        'APT::Architecture "amd64";\nDebug::NoLocking "true";\nAPT::Sandbox::User "";\n')
+    env = {"PATH": f"{tmp_path}/bin:/usr/bin:/bin", "APT_CONFIG": str(tmp_path / "apt.conf")}
+    subprocess.run(["/usr/bin/apt-get", "update"], env=env, check=True, capture_output=True)
+    return env
+
+
+def _apt(env: dict, *args: str) -> dict[str, str]:
+    """What `apt-get -s ARGS` would install: name -> version."""
+    out = subprocess.run(["/usr/bin/apt-get", "-s", *args], env=env, capture_output=True, text=True, check=True)
+    return dict(re.findall(r"^Inst (\S+) (?:\[\S+\] )?\((\S+)", out.stdout, re.M))
+
+
+def test_the_stand_in_toolkit_floats_for_apt_alone_and_gpuprov_installs_pins_and_holds_its_release(tmp_path):
+    """Real apt over the stand-ins of the locked 13.2.1 and the newer 13.2.99: alone it takes 13.2.99's parts;
+    gpuprov's install takes 13.2.1's, and its pins, or its holds, each keep `dist-upgrade` from moving them."""
+    from gpuprov.ops import cuda, pins
+    from gpuprov.ops.pkg import Package, for_family
+
+    stack = _stack("595", "595.58.03", pinning=True, cuda="13.2.1", nccl="2.30.4")
+    current = [s for s in standin_packages([stack], KERNEL) if s.role in ("cuda", "cuda_part")]
+    newer = standins.newer_cuda_release(stack)
+    env = _apt_over(tmp_path, current + newer)
+    release = {s.name: s.version for s in current}
+    assert _apt(env, "install", "cuda-toolkit-13-2=13.2.1-1")["cuda-nvcc-13-2"] == "13.2.3030-1"
+    for tool in ("apt-mark", "dpkg-query"):
+        (tmp_path / "bin" / tool).write_text("#!/bin/sh\n")
+        (tmp_path / "bin" / tool).chmod(0o755)
+    (tmp_path / "bin" / "apt-get").write_text("#!/bin/sh\nexec /usr/bin/apt-get -s \"$@\"\n")
+    (tmp_path / "bin" / "apt-get").chmod(0o755)
+    toolkit = Package("cuda-toolkit-13-2", "13.2.1-1")
+    command = for_family("debian").install_release([toolkit], cuda.family_pattern(stack))
+    proc = subprocess.run(["sh", "-c", command], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert dict(re.findall(r"^Inst (\S+) \((\S+)", proc.stdout, re.M)) == release
+    by_version = {(s.name, s.version): s for s in current}
+
+    def installed(state: str) -> str:
+        """dpkg's status with the release installed (`install`) or held (`hold`)."""
+        out = []
+        for name, version in release.items():
+            first, *rest = control_text(by_version[(name, version)], "amd64", 1).splitlines()
+            out.append("\n".join([first, f"Status: {state} ok installed", *rest]) + "\n")
+        return "\n".join(out)
+
+    status = tmp_path / "state" / "status"
+    status.write_text(installed("install"))
+    assert set(_apt(env, "dist-upgrade")) == set(release)      # nothing keeps the release
+    status.write_text(installed("hold"))
+    assert _apt(env, "dist-upgrade") == {}
+    status.write_text(installed("install"))
+    parts = [Package(n, v) for n, v in sorted(release.items()) if n != toolkit.name]
+    (tmp_path / "parts" / "gpuprov-nvidia").write_text(pins.preferences([toolkit], "595.58.03", None, parts))
+    assert _apt(env, "dist-upgrade") == {}

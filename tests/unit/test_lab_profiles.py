@@ -55,6 +55,17 @@ def test_the_b200_profile_resolves_a_stack_with_fabric_manager():
     assert stack["fabricmanager"] is not None
 
 
+def test_the_mig_profile_is_the_captured_mig_host():
+    # tests/fixtures/nvidia-smi-table/h100-sxm5-80gb-mig-enabled_nvidia-smi_590.48.01_load.txt: one H100 SXM5 80GB at
+    # 00:09.0 with MIG devices of 60, 32, 16 and 16 SMs (3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb on H100 80GB)
+    profile = load_profiles()["h100-mig"]
+    assert profile.hardware == {"gpu": "H100-SXM", "count": 1, "nvswitch": False}
+    assert [d["slot"] for d in profile.gpu_devices()] == ["0000:00:09.0"]
+    assert profile.mig == ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb")
+    assert "h100-mig" not in load_document()["default_mix"]
+    assert all(not p.mig for name, p in load_profiles().items() if name != "h100-mig")
+
+
 def test_unknown_profile_is_bad_input():
     with pytest.raises(InputError) as err:
         assign_profiles(2, ["hgx-h100", "b300"])
@@ -83,6 +94,12 @@ def _doc():
     (lambda d: d["profiles"]["l40s"].update(vars={"stack": {"driver": "570"}}), "not allowed"),
     (lambda d: d["profiles"]["l40s"].update(vars=["docker"]), "must be a mapping"),
     (lambda d: d["profiles"]["hgx-b200"]["nvswitch"].update(vendor="abcd"), "no name"),
+    (lambda d: d["profiles"]["h100-mig"].update(mig=["5g.50gb"]), "unknown H100-SXM MIG profile"),
+    (lambda d: d["profiles"]["h100-mig"].update(mig="1g.10gb"), "non-empty list"),
+    # MIG user guide, H100 80GB: 7 compute slices, 8 memory slices (3g.40gb takes 4 of them)
+    (lambda d: d["profiles"]["h100-mig"].update(mig=["3g.40gb", "3g.40gb", "2g.20gb"]), "take 8 compute slices"),
+    (lambda d: d["profiles"]["h100-mig"].update(mig=["3g.40gb", "3g.40gb", "1g.10gb"]), "take 9 memory slices"),
+    (lambda d: d["profiles"]["l40s"].update(mig=["1g.10gb"]), "has no MIG profiles"),
 ])
 def test_broken_profiles_are_refused(breakage, message):
     doc = _doc()

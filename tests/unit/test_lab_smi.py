@@ -19,6 +19,7 @@ import pytest
 from gpuprov.lab import faults as lab_faults
 from gpuprov.lab import standins
 from gpuprov.lab.standins import gpu_profiles_table
+from gpuprov.smoke import nvsmi
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CSV = FIXTURES / "nvidia-smi-query-csv"
@@ -358,6 +359,7 @@ UNCORRECTED = [f"ecc.errors.uncorrected.{k}.{p}" for k in ("volatile", "aggregat
     ("ecc-uncorrectable", 0, {f: "1" for f in UNCORRECTED}),
     ("ecc-uncorrectable 3", 3, {f: "1" for f in UNCORRECTED}),
     ("row-remap-pending", 0, {"remapped_rows.pending": "Yes"}),
+    ("row-remapped 4", 4, {**{f: "1" for f in UNCORRECTED if ".aggregate." in f}, "remapped_rows.uncorrectable": "1"}),
     ("throttle 5", 5, {"clocks_event_reasons.hw_slowdown": "Active",
                        # the H100 capture's active mask (0x1, idle) with HW Slowdown's bit, 0x8
                        "clocks_event_reasons.active": "0x0000000000000009"}),
@@ -391,6 +393,7 @@ def xml_values(root: Path) -> list[dict[str, str]]:
     ("ecc-uncorrectable", {"/ecc_errors/volatile/dram_uncorrectable": "1",
                            "/ecc_errors/aggregate/dram_uncorrectable": "1"}),
     ("row-remap-pending", {"/remapped_rows/remapped_row_pending": "Yes"}),
+    ("row-remapped", {"/ecc_errors/aggregate/dram_uncorrectable": "1", "/remapped_rows/remapped_row_unc": "1"}),
     ("throttle", {"/clocks_event_reasons/clocks_event_reason_hw_slowdown": "Active"}),
     ("pcie-x8", {"/pci/pci_gpu_link_info/link_widths/current_link_width": "8x"}),
 ])
@@ -464,9 +467,9 @@ def test_faults_file_errors_are_loud(hgx):
 # ------------------------------------------------------------------------------------------ faults module
 
 def test_fault_names_are_the_simulated_tools():
-    assert set(lab_faults.known_faults()) == {"gpu-missing", "ecc-uncorrectable", "row-remap-pending", "throttle",
-                                              "pcie-x8", "nvlink-down", "driver-mismatch", "gpu-process",
-                                              "gpu-busy"}
+    assert set(lab_faults.known_faults()) == {"gpu-missing", "ecc-uncorrectable", "row-remap-pending",
+                                              "row-remapped", "throttle", "pcie-x8", "nvlink-down",
+                                              "driver-mismatch", "gpu-process", "gpu-busy"}
     assert lab_faults.global_faults() == ("driver-mismatch",)
 
 
@@ -493,3 +496,144 @@ def test_write_command_writes_what_the_tool_reads(hgx, tmp_path):
     rows = query(hgx, ["clocks_event_reasons.hw_slowdown", "ecc.errors.uncorrected.volatile.dram"])
     assert rows[1]["clocks_event_reasons.hw_slowdown"] == "Active"
     assert rows[0]["ecc.errors.uncorrected.volatile.dram"] == "1"
+
+
+# ---------------------------------------------------------------------------------------------------- MIG
+
+MIG_TABLE = FIXTURES / "nvidia-smi-table/h100-sxm5-80gb-mig-enabled_nvidia-smi_590.48.01_load.txt"
+MIG_NVLINK = FIXTURES / "errors/h100-sxm5-80gb-mig-enabled_nvlink-s_not-supported-in-mig_590.48.01.txt"
+# `nvidia-smi -L` and `nvidia-smi mig -lgi` as the NVIDIA MIG user guide prints them ("Getting Started with MIG").
+GUIDE_MIG_LINE = "  MIG 1g.5gb      Device  0: (UUID: MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f)"
+GUIDE_LGI = ["+-------------------------------------------------------+",
+             "| GPU instances:                                        |",
+             "| GPU   Name             Profile  Instance   Placement  |",
+             "|                          ID       ID       Start:Size |",
+             "|=======================================================|",
+             "|   0  MIG 1g.5gb          19        7          4:1     |",
+             "+-------------------------------------------------------+"]
+
+
+def captured_mig_devices() -> list[dict[str, int]]:
+    """The real H100 MIG host's MIG devices (its "MIG devices" table): SMs, memory MiB, BAR1 MiB, engines."""
+    lines = MIG_TABLE.read_text().splitlines()
+    out = []
+    for number, first in enumerate(lines[:-1]):
+        second = lines[number + 1]
+        head = re.match(r"^\|\s+0\s+\d+\s+0\s+\d+\s+\|\s+\d+MiB /\s+(\d+)MiB\s+\|\s+(\d+)\s+0 \|\s+(\d+)\s+0\s+(\d+)"
+                        r"\s+(\d+)\s+(\d+) \|$", first)
+        if head:
+            bar1 = re.search(r"/\s+(\d+)MiB", second)
+            memory, sm, ce, dec, ofa, jpg = (int(x) for x in head.groups())
+            out.append({"memory_mib": memory, "sm": sm, "ce": ce, "dec": dec, "ofa": ofa, "jpg": jpg,
+                        "bar1_mib": int(bar1.group(1))})
+    assert len(out) == 4
+    return out
+
+
+@pytest.fixture
+def mig(tmp_path) -> Path:
+    return make_root(tmp_path, "h100-mig", "590.48.01", persistence=True)
+
+
+def test_mig_host_reports_mig_mode_enabled(mig):
+    row = query(mig, ["index", "pci.bus_id", "mig.mode.current", "mig.mode.pending", "remapped_rows.pending"])
+    assert row == [{"index": "0", "pci.bus_id": "00000000:00:09.0", "mig.mode.current": "Enabled",
+                    "mig.mode.pending": "Enabled", "remapped_rows.pending": "[N/A]"}]
+    doc = ET.fromstring(ok(mig, "-q", "-x"))
+    real = ET.fromstring(XML_A100.read_text())  # the real A100 capture is of a MIG host
+    for path in ("gpu/mig_mode/current_mig", "gpu/mig_mode/pending_mig", "gpu/remapped_rows"):
+        assert doc.findtext(path).strip() == real.findtext(path).strip(), path
+
+
+def test_mig_devices_in_the_list_as_the_mig_user_guide(mig):
+    lines = ok(mig, "-L").splitlines()
+    assert lines[0].startswith("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-")
+    pattern = r"  MIG (\S+) +Device +(\d+): \(UUID: MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\)"
+    assert re.fullmatch(pattern, GUIDE_MIG_LINE)
+    assert len(lines) == 5 and all(re.fullmatch(pattern, line) for line in lines[1:])
+    # the guide's columns: "Device" and the device number where the guide has them
+    assert {line.index("Device") for line in lines[1:]} == {GUIDE_MIG_LINE.index("Device")}
+    assert [re.fullmatch(pattern, line).group(2) for line in lines[1:]] == ["0", "1", "2", "3"]
+    devices = nvsmi.parse_mig_list("\n".join(lines))
+    assert [d["profile"] for d in devices] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+    assert [d["gpu"] for d in devices] == [0] * 4 and len({d["uuid"] for d in devices}) == 4
+    assert [g["index"] for g in nvsmi.parse_list("\n".join(lines))] == [0]
+
+
+def test_mig_devices_in_the_xml_as_the_captures(mig):
+    gpu = ET.fromstring(ok(mig, "-q", "-x")).find("gpu")
+    real_device = ET.fromstring(XML_A100.read_text()).find("gpu/mig_devices/mig_device")
+    devices = gpu.findall("mig_devices/mig_device")
+    assert all(paths(device) == paths(real_device) for device in devices)
+    shown = [{"memory_mib": int(d.findtext("fb_memory_usage/total").split()[0]),
+              "sm": int(d.findtext("device_attributes/shared/multiprocessor_count")),
+              "ce": int(d.findtext("device_attributes/shared/copy_engine_count")),
+              "dec": int(d.findtext("device_attributes/shared/decoder_count")),
+              "ofa": int(d.findtext("device_attributes/shared/ofa_count")),
+              "jpg": int(d.findtext("device_attributes/shared/jpg_count")),
+              "bar1_mib": int(d.findtext("bar1_memory_usage/total").split()[0])} for d in devices]
+    assert shown == captured_mig_devices()
+
+
+def test_mig_gpu_instances_as_the_mig_user_guide(mig):
+    lines = ok(mig, "mig", "-lgi").splitlines()
+    assert lines[:5] == GUIDE_LGI[:5]
+    rows = lines[5::2]
+    assert lines[6::2] == [GUIDE_LGI[-1]] * 4
+    assert all(len(row) == len(GUIDE_LGI[5]) for row in rows)
+    # profile ids 9, 14, 19 (nvidia-smi mig -lgip on H100 80GB); placements fill the 8 memory slices in order
+    assert [row.split()[4:7:2] for row in rows] == [["9", "0:4"], ["14", "4:2"], ["19", "6:1"], ["19", "7:1"]]
+    rc, out = smi(make_root(mig.parent / "whole", "hgx-h100", "590.48.01"), "mig", "-lgi")
+    assert (rc, out.strip()) == (6, "No MIG-enabled devices found.")
+
+
+def test_mig_host_refuses_nvlink_queries_as_the_capture(mig):
+    assert ok(mig, "nvlink", "-s").splitlines()[1:] == MIG_NVLINK.read_text().splitlines()[1:]
+
+
+def test_mig_host_table_shows_mig_mode_as_the_capture(mig):
+    real = MIG_TABLE.read_text().splitlines()
+    ours = ok(mig).splitlines()
+    assert ours[10].split("|")[3].strip() == real[10].split("|")[3].strip() == "Enabled"
+    assert ours[9].split("|")[3].split()[0] == real[9].split("|")[3].split()[0] == "N/A"  # GPU-Util
+
+
+def suite_context(root: Path):
+    """A suite Context whose nvidia-smi is the stand-in on `root`."""
+    from gpuprov.smoke.core import Context
+
+    ctx = Context({"expect": {"form_factor": "sxm"}})
+
+    def run(argv, timeout=30.0):
+        assert argv[0] == "nvidia-smi"
+        return (lambda rc_out: (rc_out[0], rc_out[1], ""))(smi(root, *argv[1:]))
+
+    ctx.run = run
+    return ctx
+
+
+def test_the_suite_on_the_mig_host(mig):
+    from gpuprov.smoke import host_ecc, host_nvlink, train_ddp
+
+    ctx = suite_context(mig)
+    assert nvsmi.mig_gpus(ctx) == ["GPU 0 (00000000:00:09.0)"]
+    ddp = train_ddp.run(ctx)
+    assert ddp.status == "skip" and ddp.reason.startswith("MIG is enabled on GPU 0 (00000000:00:09.0)")
+    nvlink = host_nvlink.run(ctx)
+    assert nvlink.status == "skip" and "MIG mode" in nvlink.reason
+    ecc = host_ecc.run(ctx)
+    assert ecc.status == "pass", ecc.reason
+    assert ecc.figures["per_gpu"]["GPU 0 (00000000:00:09.0)"]["remapped_rows"] is None
+
+
+def test_host_ecc_on_the_row_remapping_faults(hgx):
+    from gpuprov.smoke import host_ecc
+
+    set_faults(hgx, "row-remapped 2")
+    history = host_ecc.run(suite_context(hgx))
+    assert history.status == "warn"
+    assert history.reason == ("GPU 2 (00000000:3A:00.0): 1 uncorrectable ECC errors in the GPU's lifetime, resolved "
+                              "by 1 rows remapped (no remap pending or failed)")
+    set_faults(hgx, "row-remapped 2", "row-remap-pending 2")
+    pending = host_ecc.run(suite_context(hgx))
+    assert pending.status == "fail" and "GPU 2 (00000000:3A:00.0): row remap pending" in pending.reason

@@ -75,7 +75,7 @@ RESULTS = [
     {"check": "train.compile", "status": "skip", "reason": "no compiler"},
     {"check": "perf.matmul", "status": "pass", "reason": "ok",
      "figures": {"per_gpu": {"0": {"bf16_tflops": 700.0}, "1": {"bf16_tflops": 650.5}}},
-     "thresholds": {"threshold_pct": 80, "datasheet": {"bf16_tflops": 989.4}}},
+     "thresholds": {"threshold_pct": 80, "expected": {"bf16_tflops": 989.4}}},
     {"check": "perf.copy", "status": "skip", "reason": "cpu", "figures": {"d2d_gbs": 12.0}},
 ]
 
@@ -87,11 +87,11 @@ def test_validation_textfile_has_status_and_thresholds():
     assert status[(("check", "host.ecc"), ("host", "gpu01"), ("status", "pass"))] == 0
     assert status[(("check", "train.compile"), ("host", "gpu01"), ("status", "skip"))] == 1
     assert sum(status.values()) == len(RESULTS)          # one status per check
-    # 80 % of the datasheet's 989.4 TFLOP/s
+    # 80 % of the expected 989.4 TFLOP/s
     line = found[("gpuprov_matmul_threshold_tflops", (("dtype", "bf16"), ("gpu", "1"), ("host", "gpu01")))]
     assert line == pytest.approx(791.52)
     assert found[("gpuprov_matmul_tflops", (("dtype", "bf16"), ("gpu", "1"), ("host", "gpu01")))] == 650.5
-    # no datasheet figure recorded: no threshold line
+    # no expected figure recorded: no threshold line
     assert not [k for k in found if k[0] == "gpuprov_copy_threshold_gbps"]
     assert found[("gpuprov_copy_gbps", (("direction", "d2d"), ("gpu", "all"), ("host", "gpu01")))] == 12.0
 

@@ -214,3 +214,66 @@ def test_a_bare_plan_writes_the_preferences_once_before_the_driver_is_installed(
     writes = [i for i, command in enumerate(commands) if pins.APT_PREFERENCES in command]
     installs = [i for i, command in enumerate(commands) if " install " in command and "nvidia-open-570=" in command]
     assert len(writes) == 1 and writes[0] < installs[0]
+
+
+# The toolkit's release as `apt-get install cuda-toolkit-12-8` leaves it (names: NVIDIA/nvidia-container-toolkit
+# #883; versions: NVIDIA's 12.8.1 images, cuda-cudart 12.8.90, libcublas 12.8.4.1, nvcc 12.8.93).
+TOOLKIT = {"cuda-compiler-12-8": "12.8.1-1", "cuda-nvcc-12-8": "12.8.93-1", "cuda-cudart-12-8": "12.8.90-1",
+           "libcublas-12-8": "12.8.4.1-1", "cuda-toolkit-12-8-config-common": "12.8.90-1",
+           "cuda-toolkit-config-common": "12.8.90-1"}
+
+
+def with_toolkit(facts, held=True):
+    facts["packages"].update(TOOLKIT)
+    if held:
+        facts["held"] = sorted({*facts["held"], *TOOLKIT})
+    return facts
+
+
+def test_the_toolkits_release_is_pinned_at_its_installed_versions_and_in_state_changes_nothing():
+    facts, stack = in_state()
+    with_toolkit(facts)
+    [prefs] = plan(facts, stack)
+    assert prefs.summary.startswith(f"update {pins.APT_PREFERENCES}")
+    for name, version in TOOLKIT.items():
+        assert f"+Package: {name}\n+Pin: version {version}\n+Pin-Priority: 1001\n" in prefs.diff
+    ctx = ctx_for(facts, stack)
+    facts["files"][pins.APT_PREFERENCES] = pins.preferences(pins.pinned_packages(ctx), "570.148.08", "NVIDIA CUDA",
+                                                            pins.toolkit_packages(ctx))
+    assert plan(facts, stack) == []
+
+
+def test_an_unheld_package_of_the_release_is_held_on_the_host_with_the_whole_release(tmp_path):
+    facts, stack = in_state()
+    with_toolkit(facts)
+    facts["held"].remove("libcublas-12-8")
+    changes = plan(facts, stack)
+    [hold] = [c for c in changes if c.summary.startswith("hold")]
+    assert "of the CUDA toolkit's release (not held now: libcublas-12-8)" in hold.summary
+    listing = DPKG + "".join(f"ii  {name}\n" for name in TOOLKIT) + (
+        "ii  cuda-compiler-12-6\nii  libcublas-12-6\nii  nsight-compute-2025.1.0\nii  gcc-12\n")
+    [call] = run_hold(tmp_path, hold.commands[-1], listing)
+    held = call[call.index("hold") + 1:]
+    assert set(TOOLKIT) | {"nsight-compute-2025.1.0", "cuda-toolkit-12-8"} <= set(held)
+    assert not {"cuda-compiler-12-6", "libcublas-12-6", "gcc-12", "bash"} & set(held)
+
+
+def test_the_holds_of_the_release_are_kept_and_a_former_release_is_released():
+    facts, stack = in_state()
+    with_toolkit(facts)
+    assert not [c for c in plan(facts, stack) if c.summary.startswith("release")]
+    new = make_stack()
+    new["cuda"] = {"version": "12.9", "packages": pkgs(("cuda-toolkit-12-9", "12.9.1-1"))}
+    [release] = [c for c in plan(facts, new) if c.summary.startswith("release")]
+    assert release.commands == (for_family("debian").unhold(
+        ["cuda-compiler-12-8", "cuda-cudart-12-8", "cuda-nvcc-12-8", "cuda-toolkit-12-8",
+         "cuda-toolkit-12-8-config-common"]),)
+
+
+@pytest.mark.parametrize("family", ["debian", "rhel"])
+def test_rhel_and_debian_hold_the_release_by_name(family):
+    facts, stack = in_state(family)
+    facts["packages"]["libcublas-12-8"] = "12.8.4.1-1"
+    [hold] = [c for c in plan(facts, stack) if c.summary.startswith("hold")]
+    assert "not held now: libcublas-12-8" in hold.summary
+    assert "-(12-8)(-|$)" in hold.commands[-1]

@@ -89,3 +89,26 @@ def test_versionlock_specs_are_not_expanded_as_file_globs(tmp_path):
     command = for_family("rhel").hold_installed(["libnccl"], ["nvidia-"])
     subprocess.run(["sh", "-ec", command], check=True, cwd=tmp_path, env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
     assert (tmp_path / "log").read_text() == "-y versionlock add libnccl-0:2.26.5-1+cuda12.9.*\n"
+
+
+@pytest.mark.parametrize("pattern", ["-(12-8)(-|$)/; system(\"reboot\"); /x", "a'b", "a\\\\b", "A"])
+def test_a_family_pattern_that_could_leave_its_awk_literal_is_refused(pattern):
+    for family in ("debian", "rhel"):
+        with pytest.raises(ValueError, match="family pattern"):
+            for_family(family).hold_installed(["nvidia-open"], ["nvidia-"], pattern)
+    with pytest.raises(ValueError, match="family pattern"):
+        for_family("debian").install_release([Package("cuda-toolkit-12-8", "12.8.1-1")], pattern)
+
+
+def test_hold_installed_selects_the_family_pattern_as_awk_reads_it(tmp_path):
+    stub = tmp_path / "dpkg-query"
+    stub.write_text("#!/bin/sh\nprintf 'ii  libcublas-12-8\\nii  libcublas-12-80\\nii  gcc-12\\n"
+                    "hi  cuda-nvcc-12-8:arm64\\n'\n")
+    stub.chmod(0o755)
+    log = tmp_path / "log"
+    mark = tmp_path / "apt-mark"
+    mark.write_text(f'#!/bin/sh\necho "$@" > {log}\n')
+    mark.chmod(0o755)
+    command = for_family("debian").hold_installed([], ["nvidia-"], "-(12-8)(-|$)")
+    subprocess.run(["sh", "-ec", command], check=True, env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    assert log.read_text().split()[-3:] == ["hold", "cuda-nvcc-12-8:arm64", "libcublas-12-8"]

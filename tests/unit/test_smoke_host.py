@@ -406,6 +406,84 @@ def test_ecc_fail_on_pending_row_remap_and_remap_failure():
     assert result.status == "fail" and "row remapping failed" in result.reason
 
 
+A10_Q = "nvidia-smi-q/a10_nvidia-smi-q_535.129.03.txt"
+H100_Q = "nvidia-smi-q/h100-sxm5-80gb-hgx8_nvidia-smi-q_535.183.01.txt"
+# `nvidia-smi -q` "Remapped Rows" labels -> the `-q -x` elements (nvsmi_device_v12.dtd; NVML nvmlDeviceGetRemappedRows:
+# corrRows, uncRows, isPending, failureOccurred).
+REMAP_ELEMENTS = {"Correctable Error": "remapped_row_corr", "Uncorrectable Error": "remapped_row_unc",
+                  "Pending": "remapped_row_pending", "Remapping Failure Occurred": "remapped_row_failure"}
+
+
+def remapped_block(relative: str, **changes: str) -> str:
+    """The first GPU's "Remapped Rows" section of a real `nvidia-smi -q` capture, as `-q -x` writes it; `changes`
+    replaces values (label with `_` for spaces)."""
+    lines = fixture(relative).splitlines()
+    start = lines.index("    Remapped Rows")
+    values = {}
+    for line in lines[start + 1:]:
+        label, _, value = line.strip().partition(":")
+        if label.strip() not in REMAP_ELEMENTS:
+            break
+        values[label.strip()] = value.strip()
+    assert set(values) == set(REMAP_ELEMENTS), values
+    for key, value in changes.items():
+        values[key.replace("_", " ")] = value
+    inner = "".join(f"<{REMAP_ELEMENTS[label]}>{value}</{REMAP_ELEMENTS[label]}>" for label, value in values.items())
+    return f"<remapped_rows>{inner}</remapped_rows>"
+
+
+def ecc_result(xml_remapped: str, aggregate: str = "0", volatile: str = "0", xml: str | None = None):
+    csv_text = noheader_nounits(fixture(H100_CSV), ecc__errors__uncorrected__aggregate__total=aggregate,
+                                ecc__errors__uncorrected__volatile__total=volatile)
+    return host_ecc.run(make_ctx({}, smi(csv_text, xml or h100_xml(**{REMAPPED_OK: xml_remapped}))))
+
+
+def test_ecc_fail_on_the_a10_captures_pending_remap():
+    # The A10 capture: 4 rows remapped for uncorrectable errors, Pending: Yes, counters 0: reset the GPU.
+    result = ecc_result(remapped_block(A10_Q))
+    assert result.status == "fail"
+    assert "row remap pending (4 rows remapped for uncorrectable errors): reset the GPU to apply it" in result.reason
+
+
+def test_ecc_warn_on_lifetime_errors_resolved_by_row_remapping():
+    # After the reset the remap is applied: Pending No, no failure, the lifetime count stays (NVIDIA: remapping is
+    # persistent for the life of the GPU): history, a warning; before this fix it failed.
+    resolved = remapped_block(A10_Q, Pending="No")
+    result = ecc_result(resolved, aggregate="4")
+    assert result.status == "warn", result.reason
+    assert result.reason == ("GPU 0 (00000000:00:09.0): 4 uncorrectable ECC errors in the GPU's lifetime, resolved "
+                             "by 4 rows remapped (no remap pending or failed)")
+
+
+def test_ecc_fail_on_lifetime_errors_row_remapping_did_not_resolve():
+    clean = remapped_block(H100_Q)    # Uncorrectable Error: 0 rows remapped
+    result = ecc_result(clean, aggregate="2")
+    assert result.status == "fail"
+    assert "2 uncorrectable ECC errors in the GPU's lifetime (no row was remapped for them)" in result.reason
+    failed = remapped_block(A10_Q, Pending="No", Remapping_Failure_Occurred="Yes")
+    result = ecc_result(failed, aggregate="4")
+    assert result.status == "fail"
+    assert "row remapping failed: the GPU has no spare rows left, replace it (RMA)" in result.reason
+    still_pending = ecc_result(remapped_block(A10_Q), aggregate="4")
+    assert still_pending.status == "fail" and "reset the GPU to apply it" in still_pending.reason
+    since_load = ecc_result(remapped_block(A10_Q, Pending="No"), aggregate="4", volatile="1")
+    assert since_load.status == "fail" and "1 uncorrectable ECC errors since the driver loaded" in since_load.reason
+
+
+def test_ecc_fail_on_lifetime_errors_without_row_remapping_state_or_in_sram():
+    # Remapped rows read "N/A" on pre-Ampere GPUs and under MIG (the A100 capture as it is).
+    csv_text = noheader_nounits(fixture(H100_CSV), ecc__errors__uncorrected__aggregate__total="1")
+    no_state = once(fixture(A100_XML), '<gpu id="00000000:01:00.0">', '<gpu id="00000000:00:09.0">')
+    result = host_ecc.run(make_ctx({}, smi(csv_text, no_state)))
+    assert result.status == "fail" and "no row-remapping state to show them resolved" in result.reason
+    sram = h100_xml(**{REMAPPED_OK: remapped_block(A10_Q, Pending="No"),
+                       "<aggregate>\n                <sram_correctable>0</sram_correctable>\n"
+                       "                <sram_uncorrectable>0": "<aggregate>\n                <sram_correctable>0"
+                       "</sram_correctable>\n                <sram_uncorrectable>1"})
+    result = ecc_result("", aggregate="5", xml=sram)
+    assert result.status == "fail" and "1 of them in SRAM, which row remapping does not repair" in result.reason
+
+
 def test_ecc_warn_when_disabled():
     csv_text = noheader_nounits(fixture(H100_CSV), ecc__mode__current="Disabled")
     result = host_ecc.run(make_ctx({}, smi(csv_text, h100_xml())))

@@ -102,3 +102,33 @@ def test_rhel_holds_are_the_versionlock_entries_and_epochs_do_not_matter():
     assert check_host(facts, stack) == []
     facts["files"]["/etc/dnf/plugins/versionlock.list"] = ""
     assert "package nvidia-driver hold" in [m.what for m in check_host(facts, stack)]
+
+
+# What `apt-get install cuda-toolkit-12-8` pulled besides the toolkit (NVIDIA/nvidia-container-toolkit#883:
+# "The following additional packages will be installed: cuda-cccl-12-8 ... libcublas-12-8 ... gds-tools-12-8
+# ... nsight-compute-2025.1.0"); the versions are illustrative (the check judges names and holds).
+TOOLKIT_12_8 = {"cuda-compiler-12-8": "12.8.1-1", "cuda-nvcc-12-8": "12.8.93-1", "cuda-cudart-12-8": "12.8.90-1",
+                "libcublas-12-8": "12.8.4.1-1", "libcublas-dev-12-8": "12.8.4.1-1", "gds-tools-12-8": "1.13.1.3-1",
+                "cuda-toolkit-12-8-config-common": "12.8.90-1", "cuda-toolkit-12-config-common": "12.8.90-1",
+                "cuda-toolkit-config-common": "12.8.90-1", "nsight-compute-2025.1.0": "2025.1.0.14-1"}
+
+
+def test_every_package_of_the_toolkits_release_must_be_held():
+    facts = _good_facts()
+    assert STACK["cuda"]["packages"][0]["name"] == "cuda-toolkit-12-8"
+    facts["packages"].update(TOOLKIT_12_8)
+    facts["held"] += list(TOOLKIT_12_8)
+    assert check_host(facts, STACK) == []
+    for name in TOOLKIT_12_8:
+        unheld = copy.deepcopy(facts)
+        unheld["held"].remove(name)
+        found = [m for m in check_host(unheld, STACK) if m.found == "not held"]
+        assert [m.what for m in found] == [f"package {name} hold"]
+        assert f"apt-mark hold {name}" in found[0].remedy
+
+
+def test_another_toolkits_packages_and_foreign_packages_are_not_the_release():
+    facts = _good_facts()
+    facts["packages"].update({"cuda-compiler-12-6": "12.6.3-1", "libcublas-12-6": "12.6.4.1-1",
+                              "gcc-12": "12.2.0-14", "libnccl2": facts["packages"]["libnccl2"]})
+    assert check_host(facts, STACK) == []
