@@ -26,6 +26,8 @@ GATE = "/etc/systemd/system/ssh.service.d/lab-gate.conf"
 GATE_UNIT = ("[Service]\nTimeoutStartSec=300\nExecReload=\n"
              f"ExecReload=/bin/sh -c 'i=0; while [ ! -e {GATE_OPEN} ] && [ $$i -lt 1200 ]; do sleep 0.1; "
              "i=$$((i+1)); done'\nExecReload=/bin/kill -HUP $MAINPID\n")
+# no gpuprov batch runs on the host (the batch is `sh -s` fed on stdin, whether run as root, through sudo or not)
+BATCH_OVER = "! pgrep -x -f '(/bin/|/usr/bin/)?sh -s' >/dev/null"
 # what a harden run of ssh and firewall leaves on a bare host once it is reverted: nothing
 OLD_CONFIGURATION = ("test ! -e /etc/ssh/sshd_config.d/10-gpuprov-hardening.conf && "
                      "test ! -e /etc/gpuprov/firewall.nft && ! nft list table inet gpuprov >/dev/null 2>&1 && "
@@ -130,9 +132,11 @@ def test_a_reboot_inside_the_window_brings_the_old_configuration_back(host):
     run = start(harden_args(name, lockout, "--i-have-console-access", "--confirm-timeout", "300"), env)
     try:
         run_id = armed_run(lab, name, run)
-        # the new configuration is in place and enabled at boot; the controller is locked out and cannot confirm
+        # the new configuration is in place and enabled at boot, and the batch (`sh -s`) has ended: the reboot falls
+        # in the confirm window, not inside a step; the controller is locked out and cannot confirm
         poll(lab, name, "test -f /etc/ssh/sshd_config.d/10-gpuprov-hardening.conf && "
-                        "systemctl is-enabled gpuprov-firewall.service | grep -x enabled")
+                        "systemctl is-enabled --quiet gpuprov-firewall.service && "
+                        f"{BATCH_OVER} && echo in-window")
         assert "192.0.2.0/24" in on_host(lab, name, "nft list table inet gpuprov")
         on_host(lab, name, "systemctl reboot", check=False)
         poll(lab, name, f"[ \"$(cut -d' ' -f22 /proc/1/stat)\" != {started} ] && systemctl is-system-running "
