@@ -12,7 +12,8 @@ The modules, one job each:
     tags      `<registry>/<name>:<pytorch>-<cuXY|cpu>-<purpose>` and the git revision tag
     lint      hadolint on rendered Dockerfiles, its JSON findings
     bake      docker-bake.json for buildx users
-    build     one rendered context built through the Docker SDK, step by step (a failed step and its output tail)
+    build     one rendered context built on the engine, step by step (a failed step and its output tail)
+    engine    the engine's API on its Unix socket for builds: the context sent by sendfile, no SDK imported
     verify    torch's versions and the labels read back from a built image and compared with its spec
     container a command in a container of a built image on the controller's engine
     suite     images.test: the smoke suite inside a built image

@@ -25,6 +25,7 @@ from gpuprov.images.labels import image_labels
 from gpuprov.images.model import Image
 from gpuprov.images.versions import driver_capabilities, require_cuda
 from gpuprov.inventory.diagnostics import problem_line
+from gpuprov.stack.data import minor_of, table, vkey
 from gpuprov.validation import LAYOUT
 from gpuprov.validation.suite_config import TORCH_INDEX
 
@@ -32,6 +33,11 @@ DOCKERFILE = "Dockerfile.j2"
 WORKDIR = "/workspace"
 SMOKE_ENTRY = "/usr/local/bin/gpuprov-smoke"
 WHEELS_IN_BUILD = "/tmp/gpuprov-wheels"
+TOOLS_STAGE = "tools"
+TOOLS_BUILT = "/opt/gpuprov-tools/bin"     # in the tools stage
+TOOLS_BIN = "/usr/local/bin"                # in the image: on PATH, where the suite looks for them
+WHEEL_LIBRARIES = "/etc/ld.so.conf.d/gpuprov-nvidia-wheels.conf"
+ARCHIVE = "{source}/archive/{commit}.tar.gz"   # GitHub's archive of one commit
 # The NVIDIA container contract: every GPU the runtime is given (what the job needs of the driver and which
 # drivers fit come from NVIDIA's own images, gpuprov/data/*.yaml image_contract).
 NVIDIA_VISIBLE_DEVICES = "all"
@@ -109,6 +115,7 @@ def variables(image: Image, files: ContextFiles) -> dict:
         "ca_file": files.ca_file,
         "apt": [{"name": name, "version": version} for name, version in image.apt],
         "pytorch": _pytorch(image, files),
+        "tools": _tools(image),
         "pip": _pip(image),
         "user": dataclasses.asdict(image.user),
         "workdir": WORKDIR,
@@ -126,11 +133,30 @@ def _pytorch(image: Image, files: ContextFiles) -> dict:
     if image.base.kind == "cuda":
         nccl = f"nvidia-nccl-cu{versions.cuda.split('.')[0]}=={versions.nccl}"
         return {"install": "index", "venv": LAYOUT.venv, "index": TORCH_INDEX.format(wheel=versions.wheel),
-                "requirements": [f"torch=={versions.pytorch}", nccl]}
+                "requirements": [f"torch=={versions.pytorch}", nccl], "libraries": WHEEL_LIBRARIES}
     if image.base.kind == "local":
         return {"install": "wheels", "venv": LAYOUT.venv, "context": files.wheels, "wheels": WHEELS_IN_BUILD,
                 "pip_wheel": files.pip_wheel, "requirements": list(files.requirements)}
     return {"install": "base"}
+
+
+def _tools(image: Image) -> dict | None:
+    """The tools stage of an image on a CUDA base (gpuprov/data/cuda.yaml image_tools): nccl-tests (with its -J
+    JSON output) and nvbandwidth built at their tags' commits in NVIDIA's devel image, with the devel stage's
+    pinned build packages; None for other bases."""
+    if image.base.kind != "cuda" or not image.base.tools:
+        return None
+    data = table("cuda")["image_tools"]
+    cuda = minor_of(image.versions.cuda)
+    architectures = data["nvbandwidth"]["cuda_architectures"]
+    floor = max((key for key in architectures if vkey(key) <= vkey(cuda)), key=vkey)
+    sources = {name: {"tag": data[name]["tag"], "commit": data[name]["commit"],
+                      "archive": ARCHIVE.format(source=data[name]["source"], commit=data[name]["commit"])}
+               for name in ("nccl_tests", "nvbandwidth")}
+    return {"image": image.base.tools, "stage": TOOLS_STAGE, "built": TOOLS_BUILT, "bin": TOOLS_BIN,
+            "apt": [{"name": name, "version": version} for name, version in data["apt"][image.base.ubuntu].items()],
+            "nccl_tests": {**sources["nccl_tests"], "binaries": list(data["nccl_tests"]["binaries"])},
+            "nvbandwidth": {**sources["nvbandwidth"], "architectures": architectures[floor]}}
 
 
 def _pip(image: Image) -> dict:

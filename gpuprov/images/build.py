@@ -1,13 +1,16 @@
-"""Build a rendered image context (build/images/<name>/) with the Docker SDK, step by step.
+"""Build a rendered image context (build/images/<name>/) on the Docker engine, step by step.
 
-`docker.APIClient.build(decode=True)` yields the engine's build stream: `Step N/M : INSTRUCTION` lines, what each
-step printed, ` ---> Using cache` for a step the engine reused, `aux.ID` for the image and `error` for a failed
-step. `StepStream` turns it into `Step`s with their output, reports each step as it starts and ends, and raises
-`BuildStepError` naming the failed step with the tail of its output.
+The engine's build stream (decoded, as the SDK's `APIClient.build(decode=True)` yields it) has `Step N/M :
+INSTRUCTION` lines, what each step printed, ` ---> Using cache` for a step the engine reused, `aux.ID` for the
+image and `error` for a failed step. `StepStream` turns it into `Step`s with their output, reports each step as it
+starts and ends, and raises `BuildStepError` naming the failed step with the tail of its output.
 
-The context goes to the engine as a tar streamed while it is read, in 1 MiB pieces (`context_stream`): the SDK's own
-`path=` first writes the whole tar to a temporary file and then sends it 16 KiB at a time, which made a no-change
-rebuild of the lab's contexts (250 MB of wheels each) far slower than `docker build`'s upload of the same files.
+The context goes to the engine as an uncompressed tar, each member as the SDK's own archive describes it. Where the
+engine listens on a Unix socket (as it does by default) it goes through gpuprov.images.engine: the files' data sent
+by the kernel (sendfile), no SDK imported. Elsewhere (DOCKER_HOST tcp, ssh, TLS) the SDK sends it, streamed while it
+is read in 1 MiB pieces (`context_stream`): the SDK's own `path=` first writes the whole tar to a temporary file and
+then sends it 16 KiB at a time, which made a no-change rebuild of the lab's contexts (250 MB of wheels each) far
+slower than `docker build`'s upload of the same files.
 
 The rendered context's content hash (gpuprov.images.labels.context_hash) goes into the image as the build-time
 label io.gpuprov.context-hash (so the Dockerfile and the hash do not depend on each other): `--changed-only`
@@ -25,7 +28,7 @@ import subprocess
 import tarfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -171,10 +174,9 @@ class StepStream:
 
 
 def _repository_tag(reference: str) -> tuple[str, str]:
-    from docker.utils import parse_repository_tag
-
-    repository, tag = parse_repository_tag(reference)
-    return repository, tag or "latest"
+    """(repository, tag) of a reference, as the SDK's parse_repository_tag splits it ("latest" when none)."""
+    repository, colon, tag = reference.rpartition(":")
+    return (repository, tag) if colon and "/" not in tag else (reference, "latest")
 
 
 def engine_client(timeout: int = 3600):
@@ -192,27 +194,80 @@ def engine_client(timeout: int = 3600):
     return client
 
 
+class Engine:
+    """The engine as images.build uses it: `api` builds, inspects and tags (the engine's own API on its Unix socket
+    where it listens on one, else the SDK's APIClient); `sdk`, the SDK's client for the rest (containers, pushes),
+    made when first asked for. `containers` is the SDK's, so that an Engine runs containers as the SDK's client
+    does."""
+
+    def __init__(self, api, sdk=None):
+        self.api, self._sdk = api, sdk
+        self._lock = threading.Lock()
+
+    @property
+    def sdk(self):
+        with self._lock:
+            if self._sdk is None:
+                self._sdk = engine_client()
+            return self._sdk
+
+    @property
+    def containers(self):
+        return self.sdk.containers
+
+
+def build_engine(timeout: int = 3600) -> Engine:
+    """The engine of this machine for builds (DOCKER_HOST, else the local socket), or GpuprovError; the timeout as
+    engine_client's."""
+    from gpuprov.images.engine import EngineRefused, SocketEngine, socket_path
+
+    path = socket_path()
+    if path is None:
+        client = engine_client(timeout)
+        return Engine(client.api, client)
+    api = SocketEngine(path, timeout)
+    try:
+        api.ping()
+    except (OSError, EngineRefused) as exc:
+        raise GpuprovError(f"no Docker engine answers on {path} ({type(exc).__name__})", step="images",
+                           hint="start Docker (systemctl start docker; `invoke lab.up` starts one on Debian), or "
+                                "point DOCKER_HOST at an engine") from None
+    return Engine(api)
+
+
 def existing_image(api, tags: list[str]) -> dict | None:
     """The engine's inspection of the first of `tags` it has an image for (None: none of them)."""
-    import docker.errors
-
+    missing = _not_found(api)
     for tag in tags:
         try:
             return api.inspect_image(tag)
-        except docker.errors.ImageNotFound:
-            continue
+        except missing as exc:
+            if getattr(exc, "status", 404) != 404:
+                raise
     return None
+
+
+def _not_found(api) -> tuple[type[Exception], ...]:
+    """What `api` raises for an image it does not have (the socket's EngineRefused says 404)."""
+    from gpuprov.images.engine import EngineRefused, SocketEngine
+
+    if isinstance(api, SocketEngine):
+        return (EngineRefused,)
+    import docker.errors
+
+    return (docker.errors.ImageNotFound,)
 
 
 def build_image(api, name: str, context: Path, tags: list[str], *, labels: dict[str, str] | None = None,
                 no_cache: bool = False, changed_only: bool = False, on_event: Event = lambda kind, step: None
                 ) -> Built:
-    """Build `context` as `tags` (the first names the build, the others are added to the image) through the SDK,
-    with the build-time `labels` (io.gpuprov.context-hash is the context's hash unless they give it).
+    """Build `context` as `tags` (the first names the build, the others are added to the image) through `api`
+    (a SocketEngine, or the SDK's APIClient), with the build-time `labels` (io.gpuprov.context-hash is the
+    context's hash unless they give it).
 
     With changed_only, an image already tagged with the context's hash is not built again: it gets any of `tags`
     it lacks, and the result says skipped."""
-    import docker.errors
+    from gpuprov.images.engine import EngineRefused, SocketEngine
 
     started = time.monotonic()
     labels = dict(labels or {})
@@ -222,46 +277,63 @@ def build_image(api, name: str, context: Path, tags: list[str], *, labels: dict[
         image_id = _tag_all(api, found["Id"], tags)
         return Built(name, tags, digest, image_id, skipped=True, seconds=time.monotonic() - started)
     stream = StepStream(name, on_event)
+    if isinstance(api, SocketEngine):
+        parts, size = context_archive(context)
+        items, refused = api.build(parts, size, tag=tags[0], labels=labels, nocache=no_cache), (EngineRefused,)
+    else:
+        import docker.errors
+
+        items = api.build(fileobj=context_stream(context), custom_context=True, tag=tags[0], decode=True, rm=True,
+                          forcerm=True, nocache=no_cache, pull=False, labels=labels)
+        refused = (docker.errors.APIError,)
+    hint = f"check the Docker engine (docker info) and the context {context}"
     try:
-        for item in api.build(fileobj=context_stream(context), custom_context=True, tag=tags[0], decode=True,
-                              rm=True, forcerm=True, nocache=no_cache, pull=False, labels=labels):
+        for item in items:
             stream.feed(item)
-    except docker.errors.APIError as exc:
+    except refused as exc:
         raise GpuprovError(f"the engine refused the build of {name}: {exc.explanation or exc}",
-                           step=f"build {name}", hint="check the Docker engine (docker info) and the context "
-                                                      f"{context}") from None
-    image_id = _tag_all(api, stream.finish(), tags)
+                           step=f"build {name}", hint=hint) from None
+    except OSError as exc:     # the socket's: the engine went away, or said nothing for the timeout
+        raise GpuprovError(f"the engine stopped answering the build of {name} ({type(exc).__name__})",
+                           step=f"build {name}", hint=hint) from None
+    image_id = _tag_all(api, stream.finish(), tags[1:])   # the build tagged the first
     return Built(name, tags, digest, image_id, stream.steps, time.monotonic() - started)
 
 
-def context_stream(context: Path, chunk: int = CHUNK) -> Iterator[bytes]:
-    """The build context as an uncompressed tar, in pieces of `chunk` to 2 x `chunk` bytes as its files are read:
-    every folder and file under `context` (the files context_hash covers; render writes no .dockerignore), each
-    member as the SDK's own archive describes it (tarfile's gettarinfo, so the engine's layer cache sees the same
-    files). GpuprovError when a file cannot be read whole."""
-    pending, sent = bytearray(), 0
-    for part in _archive_parts(Path(context), chunk):
-        pending += part
-        if len(pending) >= chunk:
-            sent += len(pending)
-            yield bytes(pending)
-            pending.clear()
-    pending += tarfile.NUL * (2 * tarfile.BLOCKSIZE)     # the end of the archive, padded to a record as tarfile does
-    pending += tarfile.NUL * (-(sent + len(pending)) % tarfile.RECORDSIZE)
-    yield bytes(pending)
-
-
-def _archive_parts(root: Path, chunk: int) -> Iterator[bytes]:
-    """Each member's header, then its data (`chunk` at a time) padded to a tar block."""
+def context_archive(context: Path) -> tuple[list, int]:
+    """The build context as an uncompressed tar, planned: its pieces (bytes, and (path, size) for the data of a
+    file) and its size. Every folder and file under `context` (the files context_hash covers; render writes no
+    .dockerignore), each member as the SDK's own archive describes it (tarfile's gettarinfo, so the engine's
+    layer cache sees the same files), the end padded to a record as tarfile does."""
+    root, parts, size = Path(context), [], 0
     with tarfile.open(fileobj=io.BytesIO(), mode="w") as archive:   # describes the members, holds none
         for path in _members(root):
             info = archive.gettarinfo(str(path), arcname=path.relative_to(root).as_posix())
             if info is None:   # a socket: the SDK leaves it out too
                 continue
-            yield info.tobuf(archive.format, archive.encoding, archive.errors)
+            parts.append(info.tobuf(archive.format, archive.encoding, archive.errors))
+            size += len(parts[-1])
             if info.isreg():
-                yield from _file_blocks(path, info.size, chunk)
-                yield tarfile.NUL * (-info.size % tarfile.BLOCKSIZE)
+                padding = tarfile.NUL * (-info.size % tarfile.BLOCKSIZE)
+                parts += [(path, info.size), padding]
+                size += info.size + len(padding)
+    end = tarfile.NUL * (2 * tarfile.BLOCKSIZE)
+    end += tarfile.NUL * (-(size + len(end)) % tarfile.RECORDSIZE)
+    return [*parts, end], size + len(end)
+
+
+def context_stream(context: Path, chunk: int = CHUNK) -> Iterator[bytes]:
+    """context_archive's tar in pieces of `chunk` to 2 x `chunk` bytes, its files read as they are sent (for the
+    SDK). GpuprovError when a file cannot be read whole."""
+    pending = bytearray()
+    for part in context_archive(context)[0]:
+        for block in [part] if isinstance(part, bytes) else _file_blocks(*part, chunk):
+            pending += block
+            if len(pending) >= chunk:
+                yield bytes(pending)
+                pending.clear()
+    if pending:
+        yield bytes(pending)
 
 
 def _members(root: Path) -> list[Path]:
@@ -289,17 +361,20 @@ def _file_blocks(path: Path, size: int, chunk: int) -> Iterator[bytes]:
 
 
 def _tag_all(api, image_id: str, tags: list[str]) -> str:
+    """Tag the image as each of `tags`; its id."""
     for reference in tags:
         repository, tag = _repository_tag(reference)
         api.tag(image_id, repository, tag, force=True)
     return image_id
 
 
-def in_parallel(work: Callable, items: list, parallel: int) -> list:
+def in_parallel(work: Callable, items: Iterable, parallel: int) -> list:
     """`work(item)` for every item, at most `parallel` at a time, the results in the items' order (the first
-    exception raised by one is raised, once the running ones end; no item starts after it). The workers are daemon
-    threads: an interrupted run leaves at once, and the engine stops a build whose client has gone."""
-    results: list = [None] * len(items)
+    exception raised by one is raised, once the running ones end; no item starts after it). A lazy `items` makes
+    each item while the earlier ones run (images.build renders the next image while one builds); an exception in
+    making one is raised once the running ones end. The workers are daemon threads: an interrupted run leaves at
+    once, and the engine stops a build whose client has gone."""
+    results: dict[int, object] = {}
     errors: list[BaseException] = []
     slots = threading.Semaphore(parallel)
 
@@ -311,18 +386,23 @@ def in_parallel(work: Callable, items: list, parallel: int) -> list:
         finally:
             slots.release()
 
-    threads = []
-    for index, item in enumerate(items):
-        slots.acquire()
-        if errors:
-            break
-        threads.append(threading.Thread(target=run, args=(index, item), daemon=True, name=f"build-{index}"))
-        threads[-1].start()
+    threads: list[threading.Thread] = []
+    try:
+        for index, item in enumerate(items):
+            slots.acquire()
+            if errors:
+                break
+            threads.append(threading.Thread(target=run, args=(index, item), daemon=True, name=f"build-{index}"))
+            threads[-1].start()
+    except Exception:
+        for thread in threads:
+            thread.join()
+        raise
     for thread in threads:
         thread.join()
     if errors:
         raise errors[0]
-    return results
+    return [results[index] for index in range(len(threads))]
 
 
 # ------------------------------------------------------------------------------------------------ buildx

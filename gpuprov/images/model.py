@@ -14,8 +14,10 @@ class Base:
     """The image's FROM: `image` (repository:tag) pinned by `digest` when the spec gives one."""
 
     kind: str                       # ngc | cuda | local
-    image: str                      # nvcr.io/nvidia/pytorch:25.01-py3, nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+    image: str                      # nvcr.io/nvidia/pytorch:25.01-py3, nvidia/cuda:12.8.1-base-ubuntu24.04
     digest: str | None = None       # sha256:<64 hex>
+    tools: str | None = None        # cuda bases: the devel image the tools stage builds in (nvidia/cuda:...-devel-...)
+    ubuntu: str | None = None       # cuda bases: the Ubuntu release of both ("24.04")
     python: str | None = None       # local bases: the Python the image has ("3.11")
     glibc: str | None = None        # local bases: its C library ("2.36"), for the wheels
 

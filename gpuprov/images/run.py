@@ -6,11 +6,14 @@ the host's stack uses CUDA forward compatibility (its lock's `forward_compat`, e
 `stack.forward_compat`). Then, over the host's one SSH connection, as root, every value shell-quoted:
 
     docker pull IMAGE
-    docker run --rm|--detach --name NAME [--gpus all] --ipc=host|--shm-size=SIZE --ulimit memlock=-1
-        --ulimit stack=67108864 [-v DATA:DATA] [-v OUTPUT:OUTPUT] IMAGE [CMD...]
+    docker run --rm|--detach --name NAME [--gpus all] [--device=/dev/infiniband --cap-add=IPC_LOCK]
+        --ipc=host|--shm-size=SIZE [--ulimit memlock=-1] --ulimit stack=67108864 [-v DATA:DATA] [-v OUTPUT:OUTPUT]
+        IMAGE [CMD...]
 
-`--gpus all` is given where the host's facts show GPUs. Inventory variables read here (free-form variables,
-checked here, naming the host and where the value came from):
+`--gpus all` is given where the host's facts show GPUs; the RDMA devices (/dev/infiniband: uverbs, rdma_cm) and
+IPC_LOCK (to register, pin, the memory RDMA reads and writes) where the host has them, so that NCCL in the container
+can use InfiniBand or RoCE (the image brings the RDMA libraries: rdma-core's libibverbs and its providers).
+Inventory variables read here (free-form variables, checked here, naming the host and where the value came from):
 
     data_dir: /data               mounted at the same path (validate's data folder too)
     images:
@@ -18,7 +21,8 @@ checked here, naming the host and where the value came from):
       output_dir: /srv/out        mounted at the same path
       shm_size: 64g               a sized /dev/shm instead of the host's IPC namespace (--ipc=host)
       memlock: 8388608            the locked-memory limit in bytes, where the engine may not lift it (rootless
-                                  Docker, an engine without CAP_SYS_RESOURCE); default unlimited (-1)
+                                  Docker, an engine without CAP_SYS_RESOURCE); null: no --ulimit memlock, the
+                                  engine's own limit (as validate.image_ulimits' null); default unlimited (-1)
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from gpuprov.images.labels import MIN_DRIVER
 
 IMAGES_KEYS = ("registry", "output_dir", "shm_size", "memlock")
 STACK_BYTES = 67108864
+RDMA_DEVICES = "/dev/infiniband"
+RDMA_FLAGS = [f"--device={RDMA_DEVICES}", "--cap-add=IPC_LOCK"]
 _PATH = re.compile(r"/[A-Za-z0-9_.+@/-]*")
 _SHM = re.compile(r"[1-9][0-9]*[bkmg]?")
 _CONTAINER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -46,7 +52,7 @@ class RunVars:
     data_dir: str | None = None
     output_dir: str | None = None
     shm_size: str | None = None
-    memlock: int = -1
+    memlock: int | None = -1        # None: the engine's own limit (no --ulimit memlock)
 
 
 def _bad(host, key: str, message: str) -> InputError:
@@ -81,8 +87,10 @@ def run_vars(host) -> RunVars:
     if shm is not None and (not isinstance(shm, str) or not _SHM.fullmatch(shm)):
         raise _bad(host, "images.shm_size", f"must be a size like 64g (digits, then b, k, m or g), not {shm!r}")
     memlock = raw.get("memlock", -1)
-    if isinstance(memlock, bool) or not isinstance(memlock, int) or not (memlock == -1 or memlock > 0):
-        raise _bad(host, "images.memlock", f"must be a number of bytes, or -1 for unlimited, not {memlock!r}")
+    if memlock is not None and (isinstance(memlock, bool) or not isinstance(memlock, int)
+                                or not (memlock == -1 or memlock > 0)):
+        raise _bad(host, "images.memlock", f"must be a number of bytes, -1 for unlimited, or null for the engine's "
+                                           f"own limit, not {memlock!r}")
     data = host.vars.get("data_dir")
     output = raw.get("output_dir")
     return RunVars(registry=registry, data_dir=None if data is None else _path(host, "data_dir", data),
@@ -129,16 +137,25 @@ def container_name(name: str) -> str:
 
 
 def docker_run_argv(image: str, *, container: str, gpus: bool, settings: RunVars, detach: bool,
-                    command: list[str]) -> list[str]:
-    """The `docker run` words: the job's flags, the mounts, the image and its command."""
+                    command: list[str], rdma: bool = False) -> list[str]:
+    """The `docker run` words: the job's flags (the RDMA devices and IPC_LOCK where `rdma`), the mounts, the image
+    and its command."""
     argv = ["docker", "run", "--detach" if detach else "--rm", "--name", container]
     argv += ["--gpus", "all"] if gpus else []
+    argv += RDMA_FLAGS if rdma else []
     argv += [f"--shm-size={settings.shm_size}"] if settings.shm_size else ["--ipc=host"]
-    argv += ["--ulimit", f"memlock={settings.memlock}", "--ulimit", f"stack={STACK_BYTES}"]
+    argv += ["--ulimit", f"memlock={settings.memlock}"] if settings.memlock is not None else []
+    argv += ["--ulimit", f"stack={STACK_BYTES}"]
     for folder in (settings.data_dir, settings.output_dir):
         if folder:
             argv += ["-v", f"{folder}:{folder}"]
     return [*argv, image, *command]
+
+
+def has_rdma(conn) -> bool:
+    """Whether the host has RDMA devices (InfiniBand or RoCE: /dev/infiniband/uverbs*) to give a container."""
+    found = conn.run(f"ls -A {RDMA_DEVICES} 2>/dev/null", sudo=False, timeout=60)
+    return found.rc == 0 and any(name.startswith("uverbs") for name in found.stdout.split())
 
 
 def shell_line(argv: list[str]) -> str:
@@ -181,7 +198,7 @@ def run_image(conn, image: str, *, min_driver: str | None, forward_compat: bool,
                            hint="check that the host reaches the registry (images.registry, an insecure registry "
                                 "needs Docker's insecure-registries) and that the image was pushed")
     line = shell_line(docker_run_argv(image, container=container, gpus=has_gpus(facts), settings=settings,
-                                      detach=detach, command=command))
+                                      detach=detach, command=command, rdma=has_rdma(conn)))
     say("run")
     ran = conn.run(line, sudo=True, timeout=None)
     if ran.rc != 0:

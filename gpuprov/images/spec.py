@@ -9,7 +9,11 @@ raised together as one SpecError (exit 2). The keys:
     gpus: [H100-SXM, L40S]            the GPU models it is for (ngc and cuda bases): the resolver checks each
     base:                             one of
       ngc: 25.01-py3                    NVIDIA's NGC PyTorch container (it gives CUDA, PyTorch and NCCL)
-      cuda: 12.8.1, cudnn: "9", ubuntu: "24.04", flavor: runtime | devel   nvidia/cuda, PyTorch from its index
+      cuda: 12.8.1, cudnn: "9", ubuntu: "24.04", flavor: runtime | devel   nvidia/cuda, PyTorch from its index:
+                                      runtime starts from nvidia/cuda:X-base-ubuntuR, devel from X-devel-ubuntuR;
+                                      CUDA's libraries and cuDNN (`cudnn`: its major) come from PyTorch's
+                                      nvidia-*-cu12 wheels, never twice; nccl-tests and nvbandwidth are built in a
+                                      nvidia/cuda:X-devel-ubuntuR stage and copied in (gpuprov/data/cuda.yaml)
       local: IMAGE, python: "3.11", glibc: "2.36"    an image on the engine, with the CPU wheel (the lab)
       digest: sha256:...              optional: the base pinned by digest
     pytorch: 2.8.0                    cuda and local bases
@@ -38,7 +42,7 @@ from gpuprov.errors import InputError, literal
 from gpuprov.images import fields
 from gpuprov.images.matrix import Entry, expand
 from gpuprov.images.model import BASE_KINDS, Base, Image
-from gpuprov.images.versions import Problem, cuda, local, ngc
+from gpuprov.images.versions import CUDA_REPOSITORY, Problem, cuda, local, ngc
 from gpuprov.inventory.checks import NotRegular, read_regular
 from gpuprov.inventory.diagnostics import FILE_KEY, problem_line, show, type_name
 from gpuprov.inventory.levels import INVALID, known_keys
@@ -51,6 +55,7 @@ BASE_KEYS = {"ngc": ("ngc", "digest"), "cuda": ("cuda", "cudnn", "ubuntu", "flav
              "local": ("local", "python", "glibc", "digest")}
 ALL_BASE_KEYS = tuple(dict.fromkeys(key for keys in BASE_KEYS.values() for key in keys))
 CUDA_BASE_PYTHON = ("python3", "python3-venv")
+CUDA_FLAVOR_TAGS = {"runtime": "base", "devel": "devel"}   # the nvidia/cuda image each flavor starts from
 ARTICLE = {"ngc": "an NGC", "cuda": "a CUDA", "local": "a local"}
 MAX_BYTES = 1024 * 1024
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,120}\.yaml")
@@ -195,12 +200,16 @@ def _entry(doc: Located, data: dict, static: dict, entry: Entry) -> Image | None
     digest = fields.digest(doc, base["digest"], place("base.digest")) if "digest" in base else None
     if digest is INVALID or not _fits_kind(kind, static, texts, data, fail):
         return None
+    tools = None
     try:
         if kind == "ngc":
             image, versions = ngc(texts["ngc"], texts.get("nccl"), static["gpus"])
         elif kind == "cuda":
-            image, versions = cuda(texts["cuda"], texts["cudnn"], texts["ubuntu"], texts.get("flavor", "runtime"),
-                                   texts["pytorch"], texts.get("nccl"), static["gpus"])
+            flavor = texts.get("flavor", "runtime")
+            _, versions = cuda(texts["cuda"], texts["cudnn"], texts["ubuntu"], flavor, texts["pytorch"],
+                               texts.get("nccl"), static["gpus"])
+            image, tools = (cuda_image(texts["cuda"], CUDA_FLAVOR_TAGS[flavor], texts["ubuntu"]),
+                            cuda_image(texts["cuda"], "devel", texts["ubuntu"]))
         else:
             image, versions = local(texts["local"], texts["python"], texts["glibc"], texts["pytorch"])
     except Problem as problem:
@@ -210,10 +219,17 @@ def _entry(doc: Located, data: dict, static: dict, entry: Entry) -> Image | None
     return Image(
         id=f"{name}-{versions.public_pytorch}-{versions.wheel}" if entry else name, name=name, file=doc.file,
         purpose=static["purpose"], versions=versions, user=static["user"], gpus=static.get("gpus", ()),
-        base=Base(kind, image, digest, texts.get("python"), texts.get("glibc")),
+        base=Base(kind, image, digest, tools=tools, ubuntu=texts.get("ubuntu") if tools else None,
+                  python=texts.get("python"), glibc=texts.get("glibc")),
         description=static.get("description"), apt=static.get("apt", ()), pip=static.get("pip", ()),
         env=static.get("env", ()), ports=static.get("ports", ()), healthcheck=static.get("healthcheck"),
         command=static.get("command"), ca_file=static.get("ca_file"), matrix=_values(entry, doc))
+
+
+def cuda_image(version: str, flavor_tag: str, ubuntu: str) -> str:
+    """NVIDIA's image of a CUDA release without cuDNN: "12.8.1", "base", "24.04" -> nvidia/cuda:12.8.1-base-ubuntu24.04
+    (PyTorch's wheels bring cuDNN and CUDA's libraries; a -cudnn-runtime- base would ship them twice)."""
+    return f"{CUDA_REPOSITORY}:{version}-{flavor_tag}-ubuntu{ubuntu}"
 
 
 def _kind(doc: Located, base: dict, place: Callable[[str], tuple], fail: Callable[[str, str], None]) -> str | None:

@@ -26,10 +26,12 @@ def _quiet(_: str) -> None:
 
 def up(hosts: int = 3, profiles: list[str] | None = None, *, paths: LabPaths | None = None,
        progress: Progress = _quiet, fresh: bool = False) -> LabState:
-    """Bring up `hosts` lab hosts with `profiles` cycled over them (default: the mixed set).
+    """Bring up `hosts` lab hosts with `profiles` cycled over them (default: the mixed set); a profile given as
+    `NAME@RELEASE` runs that Debian release (gpuprov.lab.debian.RELEASES, each its own base and host image).
 
     Matching running hosts are reused; `fresh` recreates every host from the image (bare servers).
     """
+    from gpuprov.lab.debian import DEFAULT_RELEASE
     from gpuprov.lab.engine import ensure_engine, verify_runs
     from gpuprov.lab.hosts import ensure_network, lab_containers, reconcile
     from gpuprov.lab.images import ensure_base_image, ensure_host_image
@@ -51,6 +53,9 @@ def up(hosts: int = 3, profiles: list[str] | None = None, *, paths: LabPaths | N
     base = ensure_base_image(client, progress)
     verify_runs(client, base)
     image = ensure_host_image(client, base, public_key, progress)
+    images = {DEFAULT_RELEASE: image}
+    for release in sorted({profile.release for profile in chosen} - {DEFAULT_RELEASE}):
+        images[release] = ensure_host_image(client, ensure_base_image(client, progress, release), public_key, progress)
     timings["images_s"] = time.monotonic() - mark
     ensure_inotify(hosts, progress)
     mark = time.monotonic()
@@ -61,7 +66,7 @@ def up(hosts: int = 3, profiles: list[str] | None = None, *, paths: LabPaths | N
     mirror = ensure_mirror(NETWORK, paths=paths, client=client, image=image, progress=progress)
     timings["mirror_s"] = time.monotonic() - mark
     mark = time.monotonic()
-    lab_hosts = reconcile(client, chosen, image, paths, progress, {"mirror": mirror_vars(mirror)})
+    lab_hosts = reconcile(client, chosen, images, paths, progress, {"mirror": mirror_vars(mirror)})
     timings["hosts_s"] = time.monotonic() - mark
     timings["total_s"] = time.monotonic() - started
     progress(f"lab: {len(lab_hosts)} hosts ready in {timings['total_s']:.0f} s; inventory {paths.inventory}")

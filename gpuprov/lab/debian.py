@@ -14,6 +14,10 @@ apt configuration and state are not touched.
 
 The result is cached per base image (its image id) in `.lab/debian/<key>/manifest.json`; the .debs sit in
 `.lab/debian/debs/` and are shared between keys. A warm `lab.up` reads the manifest and checks the files only.
+
+RELEASES are the Debian releases lab hosts can run (`--profile NAME@RELEASE`, check_release): each is
+debootstrapped into a base image of its own (images.base_tag(suite)); the mirror's packages are resolved for the
+default release's hosts.
 """
 
 from __future__ import annotations
@@ -28,8 +32,28 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuprov.errors import GpuprovError
+from gpuprov.errors import GpuprovError, InputError
 from gpuprov.lab.state import LabPaths
+
+
+@dataclass(frozen=True)
+class Release:
+    """A Debian release lab hosts can run: its version, the Python its python3 is, and the packages its base image
+    adds to images.BASE_PACKAGES."""
+
+    version: str
+    python: str
+    extra: tuple[str, ...] = ()
+
+
+# The Debian releases a lab host can run (`invoke lab.up --profile NAME@RELEASE`), each debootstrapped from Debian
+# into a base image of its own. bookworm is the default and the only release gpuprov provisions (the stack tables'
+# debian-12); bullseye and trixie hosts run the suite on the oldest and newest Python a supported Debian ships. The
+# lab mirror's Debian packages are bookworm's. Debian splits distutils out of Python 3.9 (python3-distutils), and
+# pip needs it before 3.10 (pip/_internal/locations/_distutils.py): a bullseye server that runs pip has it.
+RELEASES = {"bookworm": Release("12", "3.11"), "bullseye": Release("11", "3.9", ("python3-distutils",)),
+            "trixie": Release("13", "3.13")}
+DEFAULT_RELEASE = "bookworm"
 
 # What lab hosts can install from the lab mirror besides the stand-ins.
 DEBIAN_PACKAGES = ("docker.io", "prometheus-node-exporter", "prometheus", "unattended-upgrades", "lynis")
@@ -67,6 +91,14 @@ class DebianDebs:
         """Hash of the package set (names, versions, file hashes): part of the mirror's digest."""
         text = "".join(f"{d.name}\0{d.version}\0{d.sha256}\n" for d in sorted(self.debs, key=lambda d: d.name))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def check_release(release: str, where: str) -> str:
+    """`release` when lab hosts can run it; InputError naming `where` and the releases otherwise."""
+    if release not in RELEASES:
+        raise InputError(f"{where}: unknown Debian release {release!r}", step="lab.up",
+                         hint=f"choose from: {', '.join(RELEASES)} (default {DEFAULT_RELEASE})")
+    return release
 
 
 def _quiet(_: str) -> None:

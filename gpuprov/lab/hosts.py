@@ -16,6 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from gpuprov.errors import GpuprovError, InputError
+from gpuprov.lab.debian import DEFAULT_RELEASE
 from gpuprov.lab.keys import ensure_keypair, render_known_hosts
 from gpuprov.lab.labels import (
     HOST_PREFIX,
@@ -33,6 +34,7 @@ from gpuprov.lab.state import LabHost, LabPaths, render_inventory
 
 PORT_LABEL = "gpuprov.lab.ssh-port"
 HARDWARE_LABEL = "gpuprov.lab.hardware"
+RELEASE_LABEL = "gpuprov.lab.release"   # the host's Debian release (hosts made before releases: bookworm)
 PORT_BASE = int(os.environ.get("GPUPROV_LAB_SSH_PORT_BASE", "42200"))
 READY_TIMEOUT_S = int(os.environ.get("GPUPROV_LAB_READY_TIMEOUT", "300"))
 READY_STATES = ("running", "degraded")
@@ -176,7 +178,7 @@ def create_host(client, index: int, profile: Profile, image: str, paths: LabPath
                            hint="free it, or set GPUPROV_LAB_SSH_PORT_BASE to another port range")
     key, pub = host_key_pair(paths, name)
     labels = {**LABELS, ROLE_LABEL: HOST_ROLE, PROFILE_LABEL: profile.name, PORT_LABEL: str(port),
-              HARDWARE_LABEL: json.dumps(profile.hardware), RUN_LABEL: RUN_DIGEST}
+              HARDWARE_LABEL: json.dumps(profile.hardware), RUN_LABEL: RUN_DIGEST, RELEASE_LABEL: profile.release}
     container = client.containers.create(
         image, name=name, hostname=name, detach=True, labels=labels, network="bridge",
         ports={"22/tcp": ("127.0.0.1", port)}, **RUN_OPTIONS)
@@ -219,7 +221,8 @@ def host_from_container(container) -> LabHost:
     ip = (networks.get(NETWORK) or {}).get("IPAddress") or None
     return LabHost(name=container.name, profile=labels.get(PROFILE_LABEL, ""), port=int(labels[PORT_LABEL]),
                    internal_ip=ip, container_id=container.id,
-                   hardware=json.loads(labels.get(HARDWARE_LABEL, "{}")), state=container.status)
+                   hardware=json.loads(labels.get(HARDWARE_LABEL, "{}")), state=container.status,
+                   release=labels.get(RELEASE_LABEL, DEFAULT_RELEASE))
 
 
 def write_files(hosts: list[LabHost], paths: LabPaths, lab_vars: dict | None = None) -> None:
@@ -234,9 +237,10 @@ def write_files(hosts: list[LabHost], paths: LabPaths, lab_vars: dict | None = N
     paths.inventory.write_text(render_inventory(hosts, paths, lab_vars), encoding="utf-8")
 
 
-def reconcile(client, profiles: list[Profile], image: str, paths: LabPaths,
+def reconcile(client, profiles: list[Profile], images: dict[str, str], paths: LabPaths,
               progress: Callable[[str], None] = print, lab_vars: dict | None = None) -> list[LabHost]:
-    """Make the lab exactly len(profiles) running, ready hosts; keep those that already match."""
+    """Make the lab exactly len(profiles) running, ready hosts; keep those that already match. `images`: the host
+    image of each Debian release (a profile's `release`)."""
     progress = _serialised(progress)
     wanted = {host_name(i + 1): (i + 1, p) for i, p in enumerate(profiles)}
     for name in wanted:
@@ -250,7 +254,8 @@ def reconcile(client, profiles: list[Profile], image: str, paths: LabPaths,
         spec = wanted.get(container.name)
         matches = (spec is not None and container.status not in GONE_STATES
                    and container.labels.get(PROFILE_LABEL) == spec[1].name
-                   and container.image.tags and image in container.image.tags
+                   and container.labels.get(RELEASE_LABEL, DEFAULT_RELEASE) == spec[1].release
+                   and container.image.tags and images[spec[1].release] in container.image.tags
                    and container.labels.get(PORT_LABEL) == str(host_port(spec[0]))
                    and container.labels.get(RUN_LABEL) == RUN_DIGEST
                    and (paths.host_keys / container.name / "ssh_host_ed25519_key.pub").exists())
@@ -265,8 +270,9 @@ def reconcile(client, profiles: list[Profile], image: str, paths: LabPaths,
 
     def create(item):
         index, profile = item
-        create_host(client, index, profile, image, paths, network)
-        progress(f"host {host_name(index)}: started ({profile.name}, ssh 127.0.0.1:{host_port(index)})")
+        create_host(client, index, profile, images[profile.release], paths, network)
+        progress(f"host {host_name(index)}: started ({profile.name}, Debian {profile.release}, "
+                 f"ssh 127.0.0.1:{host_port(index)})")
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(create, to_create))

@@ -35,9 +35,16 @@ def _short_hash(*parts: bytes) -> str:
     return digest.hexdigest()[:12]
 
 
-def base_tag() -> str:
-    """Tag of the base image; changes when the recipe (suite, variant, packages) changes."""
-    recipe = f"{SUITE} minbase {','.join(sorted(BASE_PACKAGES))} v2".encode()
+def base_packages(suite: str = SUITE) -> tuple[str, ...]:
+    """What debootstrap installs for a Debian suite: BASE_PACKAGES and the release's own (debian.RELEASES)."""
+    from gpuprov.lab.debian import RELEASES
+
+    return (*BASE_PACKAGES, *RELEASES[suite].extra)
+
+
+def base_tag(suite: str = SUITE) -> str:
+    """Tag of the base image of a Debian suite; changes when the recipe (suite, variant, packages) changes."""
+    recipe = f"{suite} minbase {','.join(sorted(base_packages(suite)))} v2".encode()
     return f"{BASE_REPO}:{_short_hash(recipe)}"
 
 
@@ -59,20 +66,21 @@ def _unmount_below(root: Path) -> None:
         subprocess.run(["umount", "-l", point], check=False, capture_output=True)
 
 
-def ensure_base_image(client, progress: Callable[[str], None] = print) -> str:
-    """Build the Debian 12 base image unless its tag is already on the engine. Returns the tag."""
-    tag = base_tag()
+def ensure_base_image(client, progress: Callable[[str], None] = print, suite: str = SUITE) -> str:
+    """Build the base image of a Debian suite (default Debian 12) unless its tag is already on the engine.
+    Returns the tag."""
+    tag = base_tag(suite)
     if _image_exists(client, tag):
         progress(f"image: base {tag} cached")
         return tag
     if shutil.which("debootstrap", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") is None:
         raise GpuprovError("debootstrap is not installed", step="lab base image",
                            hint="run: apt-get install -y debootstrap")
-    progress(f"image: building base {tag} with debootstrap ({SUITE}, minbase) from {MIRROR}")
+    progress(f"image: building base {tag} with debootstrap ({suite}, minbase) from {MIRROR}")
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="gpuprov-lab-base-"))
     root = work / "root"
-    cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE, str(root), MIRROR]
+    cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(base_packages(suite))}", suite, str(root), MIRROR]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
         if proc.returncode != 0:

@@ -1,7 +1,8 @@
 """The lab mirror: a signed flat apt repository of stand-in packages and real Debian packages (docker.io,
-prometheus-node-exporter, unattended-upgrades, lynis and what a bare lab host lacks for them, see
-gpuprov.lab.debian), served over HTTP by a lab container on the lab's internal network
-(`deb [signed-by=...] http://<ip>/ /`).
+prometheus-node-exporter, unattended-upgrades, lynis, the compilers and Python headers torch.compile needs, and
+what a bare lab host lacks for them, see gpuprov.lab.debian), served over HTTP by a lab container on the lab's
+internal network (`deb [signed-by=...] http://<ip>/ /`). `invoke validate` installs gcc, g++ and python3.X-dev
+from it on lab hosts as it does on a real host from the distribution's repository (gpuprov.validation.env).
 
 The repository also carries a newer point release of every lab profile's newest driver branch
 (`standins.point_release_packages`: `595.58.03-1` and `595.999.01-1` of the same packages), as NVIDIA's
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuprov.errors import GpuprovError
-from gpuprov.lab.debian import DebianDeb, DebianDebs
+from gpuprov.lab.debian import DEBIAN_PACKAGES, DebianDeb, DebianDebs
 from gpuprov.lab.labels import BASE_REPO, HOST_REPO, LABEL, LABELS, NETWORK, ROLE_LABEL
 from gpuprov.lab.removal import GONE_STATES, remove_container
 from gpuprov.lab.standins import (
@@ -60,6 +61,10 @@ DEBIAN_POOL = "pool/debian"
 POINT_RELEASE_POOL = "pool/point-release"
 LAYOUT = "2"  # the repository's layout (part of its digest): stand-ins, point release and Debian pools, one index
 READY_TIMEOUT_S = 30
+# What validate installs for torch.compile (g++ for TorchInductor's CPU code, gcc for Triton's launcher, Python.h):
+# python3-dev depends on the python3.X-dev of the release's python3, so the mirror serves that one.
+COMPILER_PACKAGES = ("gcc", "g++", "python3-dev")
+MIRROR_DEBIAN = (*DEBIAN_PACKAGES, *COMPILER_PACKAGES)
 Progress = Callable[[str], None]
 
 
@@ -444,9 +449,9 @@ def _debian_debs(paths: LabPaths, client, image: str, progress: Progress) -> Deb
 
     base = base_tag() if _image_exists(client, base_tag()) else image
     try:
-        return ensure_debian_debs(paths, client, base, progress=progress)
+        return ensure_debian_debs(paths, client, base, names=MIRROR_DEBIAN, progress=progress)
     except GpuprovError as exc:
-        cached = cached_debian_debs(paths)
+        cached = cached_debian_debs(paths, MIRROR_DEBIAN)
         if cached is None:
             raise
         progress(f"mirror: using the Debian packages downloaded before ({exc})")

@@ -1,7 +1,9 @@
-"""Hardware profiles of lab hosts (data in profiles.yaml): simulated PCI devices and inventory vars."""
+"""Hardware profiles of lab hosts (data in profiles.yaml): simulated PCI devices and inventory vars; a host's
+profile may name the Debian release it runs (`NAME@RELEASE`, gpuprov.lab.debian.RELEASES)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from dataclasses import dataclass, field
@@ -10,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from gpuprov.errors import InputError
+from gpuprov.lab.debian import DEFAULT_RELEASE, check_release
 
 PROFILES_FILE = Path(__file__).with_name("profiles.yaml")
 SMI_FILE = Path(__file__).with_name("files") / "standins" / "smi.yaml"   # the MIG profiles of each GPU model
@@ -28,6 +31,7 @@ class Profile:
     devices: list[dict] = field(repr=False)
     vars: dict = field(default_factory=dict)
     mig: tuple[str, ...] = ()       # MIG devices of every GPU (MIG mode enabled), e.g. ("3g.40gb", "1g.10gb")
+    release: str = DEFAULT_RELEASE  # the Debian release the host runs
 
     def gpu_devices(self) -> list[dict]:
         """The NVIDIA GPUs (display class 03xx) among the devices."""
@@ -147,15 +151,26 @@ def load_profiles(path: Path = PROFILES_FILE) -> dict[str, Profile]:
     return parse_profiles(load_document(path))
 
 
+def split_spec(spec: str) -> tuple[str, str]:
+    """(profile, Debian release) of a `--profile` item: `NAME` (the default release) or `NAME@RELEASE`."""
+    name, at, release = spec.partition("@")
+    if at and not release:
+        raise InputError(f"--profile {spec}: no Debian release after '@'", step="lab.up",
+                         hint=f"give NAME or NAME@RELEASE, e.g. {name}@bullseye")
+    return name, check_release(release, f"--profile {spec}") if at else DEFAULT_RELEASE
+
+
 def assign_profiles(count: int, names: list[str] | None, path: Path = PROFILES_FILE) -> list[Profile]:
-    """The profile of each of `count` hosts: `names` (or the default mix) cycled over the hosts."""
+    """The profile of each of `count` hosts: `names` (or the default mix) cycled over the hosts. A name may carry
+    the host's Debian release, `NAME@RELEASE` (default: DEFAULT_RELEASE)."""
     if count < 1:
         raise InputError(f"--hosts must be at least 1, got {count}", step="lab.up")
     document = load_document(path)
     profiles = parse_profiles(document)
-    chosen = names or list(document.get("default_mix") or sorted(profiles))
-    unknown = [n for n in chosen if n not in profiles]
+    chosen = [split_spec(spec) for spec in names or list(document.get("default_mix") or sorted(profiles))]
+    unknown = [name for name, _ in chosen if name not in profiles]
     if unknown:
         raise InputError(f"unknown lab profile(s): {', '.join(unknown)}", step="lab.up",
-                         hint=f"choose from: {', '.join(sorted(profiles))}")
-    return [profiles[name] for name in itertools.islice(itertools.cycle(chosen), count)]
+                         hint=f"choose from: {', '.join(sorted(profiles))} (each may end in @RELEASE)")
+    return [dataclasses.replace(profiles[name], release=release)
+            for name, release in itertools.islice(itertools.cycle(chosen), count)]

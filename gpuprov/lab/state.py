@@ -56,6 +56,7 @@ class LabHost:
     hardware: dict
     state: str = "running"
     address: str = "127.0.0.1"
+    release: str = "bookworm"     # the Debian release the host runs (gpuprov.lab.debian.RELEASES)
 
 
 @dataclass
@@ -100,6 +101,12 @@ def lab_validate_vars() -> dict:
             "image_ulimits": {"memlock": None}}
 
 
+# What `invoke images.run` needs on lab hosts (the `lab` group's `images:`): the same engine limit, so its
+# containers keep the engine's memlock (images.memlock: null) instead of asking for unlimited.
+def lab_images_vars() -> dict:
+    return {"memlock": None}
+
+
 # What `invoke monitoring.*` needs on lab hosts (the `lab` group's `monitoring:`): the lab mirror serves the
 # dcgm-exporter stand-in as NVIDIA's package, so the exporter runs as its service (lab hosts pull no images from
 # NVIDIA's registry); a short scrape interval and drift period keep the lab tests short.
@@ -114,7 +121,8 @@ def inventory_document(hosts: list[LabHost], paths: LabPaths, lab_vars: dict | N
     `validate:` (lab_validate_vars) and `monitoring:` (lab_monitoring_vars). Each host's `cluster_address` and
     `monitoring_address` is its internal IP (the network the hosts share: the multi-node rendezvous runs there, and
     Prometheus on a lab host scrapes the others there). Each profile's group carries the profile's `vars` from
-    profiles.yaml (`container_engine: docker` for the HGX profiles).
+    profiles.yaml (`container_engine: docker` for the HGX profiles). A host's `lab:` var names its profile, internal
+    IP and Debian release.
     """
     from gpuprov.lab.profiles import load_profiles
 
@@ -130,13 +138,14 @@ def inventory_document(hosts: list[LabHost], paths: LabPaths, lab_vars: dict | N
                 "port": h.port,
                 "groups": ["lab", h.profile],
                 "vars": {"hardware": dict(h.hardware),
-                         "lab": {"profile": h.profile, "internal_ip": h.internal_ip},
+                         "lab": {"profile": h.profile, "internal_ip": h.internal_ip, "release": h.release},
                          **({"cluster_address": h.internal_ip, "monitoring_address": h.internal_ip}
                             if h.internal_ip else {})},
             }
             for h in hosts
         },
-        "groups": {"lab": {"vars": {"validate": lab_validate_vars(), "monitoring": lab_monitoring_vars(),
+        "groups": {"lab": {"vars": {"validate": lab_validate_vars(), "images": lab_images_vars(),
+                                    "monitoring": lab_monitoring_vars(),
                                     **(lab_vars or {})}},
                    **{p: {"vars": dict(known[p].vars) if p in known else {}} for p in profiles}},
     }

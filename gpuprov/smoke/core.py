@@ -36,22 +36,29 @@ class Result:
 
 @dataclasses.dataclass(frozen=True)
 class Check:
-    """A registered check: `fn(ctx) -> Result`, run in its own process under `timeout` seconds."""
+    """A registered check: `fn(ctx) -> Result`, run in its own process under `timeout` seconds, plus the seconds
+    `load(config)` gives for a load whose length the config sets (the burn-in time)."""
 
     name: str
     fn: Callable[[Context], Result]
     timeout: float
     levels: tuple[str, ...]
+    load: Callable[[dict], float] | None = None
+
+    def timeout_for(self, config: dict) -> float:
+        """The timeout of this check under `config`: its own, plus the load time the config sets for it."""
+        return self.timeout + (self.load(config) if self.load else 0.0)
 
 
 REGISTRY: dict[str, Check] = {}
 
 
-def check(name: str, *, timeout: float, levels: tuple[str, ...] = LEVELS):
-    """Register a check under a dotted name (`host.ecc`, `train.ddp`, `perf.matmul`)."""
+def check(name: str, *, timeout: float, levels: tuple[str, ...] = LEVELS, load: Callable[[dict], float] | None = None):
+    """Register a check under a dotted name (`host.ecc`, `train.ddp`, `perf.matmul`); `load(config)`: seconds of
+    load the config asks of it on top of `timeout` (so a burn-in of N minutes is never cut by the timeout)."""
 
     def register(fn: Callable[[Context], Result]) -> Callable[[Context], Result]:
-        REGISTRY[name] = Check(name, fn, timeout, levels)
+        REGISTRY[name] = Check(name, fn, timeout, levels, load)
         return fn
 
     return register

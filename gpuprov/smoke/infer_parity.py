@@ -22,6 +22,7 @@ from .torchutil import (
     import_torch,
     json_number,
     no_torch,
+    private_cache,
     quadrant_batch,
     setup_target,
     toolchain_error,
@@ -143,8 +144,9 @@ def run(ctx) -> Result:
     images = quadrant_batch(torch, BATCH, IMAGE)[0].to(device)
     with torch.inference_mode():
         reference = model(images)
-    parts = {"compile": compile_part(torch, target, model, images, reference),
-             "onnx": onnx_part(torch, target, model, images, reference)}
+    with private_cache():   # TorchInductor's kernels (and torch.onnx's dynamo exporter's files) in a private folder
+        parts = {"compile": compile_part(torch, target, model, images, reference),
+                 "onnx": onnx_part(torch, target, model, images, reference)}
     figures = {"device": target.describe(first_gpu=True), "batch": BATCH,
                "compared": [name for name, (status, _, _) in parts.items() if status != SKIP]}
     for _, _, part in parts.values():

@@ -4,9 +4,11 @@ result comes back as a JSON file and its output's last lines."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -106,9 +108,31 @@ def _child(target, result_path: str, log_path: str, argv_tail: list[str] | None 
             traceback.print_exc()
     finally:
         with contextlib.suppress(BaseException):
+            remove_process_folder()
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+_PROCESS_FOLDERS: dict[int, str] = {}   # pid -> the private temporary folder of that process
+
+
+def process_folder() -> str:
+    """A temporary folder of this process alone (mkdtemp: 0700), removed when the process ends: at a check child's
+    exit (its os._exit skips exit handlers) or at the interpreter's exit. A forked child that inherits its parent's
+    folder gets one of its own and leaves the parent's alone."""
+    pid = os.getpid()
+    if pid not in _PROCESS_FOLDERS:
+        _PROCESS_FOLDERS[pid] = tempfile.mkdtemp(prefix="gpuprov-private-")
+        atexit.register(remove_process_folder, pid)
+    return _PROCESS_FOLDERS[pid]
+
+
+def remove_process_folder(pid: int | None = None) -> None:
+    """Remove this process's private folder (only the process that made it removes it)."""
+    pid = os.getpid() if pid is None else pid
+    if pid == os.getpid() and pid in _PROCESS_FOLDERS:
+        shutil.rmtree(_PROCESS_FOLDERS.pop(pid), ignore_errors=True)
 
 
 def run_isolated(target, timeout: float, argv_tail: list[str] | None = None) -> tuple[dict | None, int | None, str,

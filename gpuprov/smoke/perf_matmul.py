@@ -4,13 +4,15 @@ sweep of shapes (SHAPES: 8192^3 and the best shapes published for common GPUs), 
 2 m n k / time (CUDA events, median of repeats after warm-up, random data). Each GPU's best is judged against the
 model's expected figure (the config's `expected` block: the published best of that model, or a marked fallback)
 at threshold_pct; `per_gpu` has each GPU's best and the shape that reached it, the top-level figures are the
-slowest GPU's. At burn-in every GPU also runs a sustained matmul load at once, judged by gpuprov.smoke.burnin.
+slowest GPU's. At burn-in every GPU also runs a sustained matmul load at once for the config's burn_in_seconds,
+judged by gpuprov.smoke.burnin; the check's timeout grows by that time (burn_in_load).
 
-On the CPU one 1024^3 matmul per dtype (bf16, fp16, fp32) is measured and reported, not judged.
+On the CPU one 512^3 matmul per dtype (bf16, fp16, fp32) is measured and reported, not judged.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -33,13 +35,14 @@ from .torchutil import (
 
 NAME = "perf.matmul"
 TIMEOUT = 300
-SUSTAINED_N, CPU_N = 8192, 1024
+SUSTAINED_N, CPU_N = 8192, 512     # on the CPU a smoke test: fp16 runs there at ~1 GFLOP/s
 # (M, N, K): the cube, then best shapes published for H100 SXM (mamf-stas00: 2048x2048x13312; mamf-mag:
 # 6144x17920x2816), B200 (1792x16128x3072), H100 PCIe (6912x16384x2048), L40S (4416x3776x3072) and L4
 # (1024x6016x1792) in gpus.yaml's sources; the sweep keeps the best
 SHAPES = ((8192, 8192, 8192), (2048, 2048, 13312), (6144, 17920, 2816), (1792, 16128, 3072), (6912, 16384, 2048),
           (4416, 3776, 3072), (1024, 6016, 1792))
 SWEEP_SECONDS = 15.0       # the whole sweep of one GPU, every dtype; shapes not reached in time are left out
+SUSTAINED_SETUP = 60       # seconds the sustained load needs besides its burn-in time (allocation, telemetry)
 REPEATS = {"cuda": (5, 10, 3), "cpu": (1, 5, 1)}      # warm-up, repeats, matmuls a repeat (each shape)
 
 
@@ -104,7 +107,13 @@ def _shape_of(per_gpu: dict, figure: str, value: float) -> str:
     return f" at {shapes[0]}" if shapes else ""
 
 
-@check(NAME, timeout=TIMEOUT)
+def burn_in_load(config: dict) -> float:
+    """Seconds of sustained load the config asks at the burn-in level (the check's timeout grows by as much, so a
+    burn-in of any length is never cut by TIMEOUT); none at quick."""
+    return burn_in_seconds(config, math.inf) if config.get("level") == "burn-in" else 0.0
+
+
+@check(NAME, timeout=TIMEOUT, load=burn_in_load)
 def run(ctx) -> Result:
     start = time.monotonic()
     torch, why = import_torch()
@@ -123,7 +132,7 @@ def run(ctx) -> Result:
     per_gpu: dict[str, dict] = {}
     if target.cuda:
         burn = ctx.level == "burn-in"
-        budget = min(SWEEP_SECONDS, (TIMEOUT - 90 - (120 if burn else 0)) / target.gpus)
+        budget = min(SWEEP_SECONDS, (TIMEOUT - 90 - (SUSTAINED_SETUP if burn else 0)) / target.gpus)
         for index in range(target.gpus):
             per_gpu[str(index)] = gpu_best(torch, index, chosen, budget)
             failures += judge_figures({f: per_gpu[str(index)][f] for f in judged_names}, expected, threshold,
@@ -142,7 +151,7 @@ def run(ctx) -> Result:
         figures["shapes"] = ["x".join(map(str, shape)) for shape in SHAPES]
     if ctx.level == "burn-in" and target.cuda:
         figure = "bf16_tflops" if "bf16_tflops" in chosen else "fp16_tflops"
-        seconds = burn_in_seconds(ctx.config, TIMEOUT - 60 - (time.monotonic() - start))
+        seconds = burn_in_load(ctx.config)
         report, problems = burnin.sustained(ctx, torch, target.gpus, SUSTAINED_N, chosen[figure], seconds, randn)
         figures["sustained"] = {"figure": figure, "n": SUSTAINED_N, **report}
         failures += problems

@@ -113,13 +113,15 @@ def _valid(data, name: str) -> str | None:
 
 
 def run_check(check: Check, module: str, config: dict) -> Result:
-    """Run one check in a forked child, in its own process group, under its timeout."""
-    data, rc, tail, seconds = run_isolated(lambda path: run_one(check.name, module, config, path), check.timeout,
+    """Run one check in a forked child, in its own process group, under its timeout (with the load time the
+    config asks of it: the burn-in)."""
+    timeout = check.timeout_for(config)
+    data, rc, tail, seconds = run_isolated(lambda path: run_one(check.name, module, config, path), timeout,
                                            ["--one", check.name, "--module", module])
     if rc is None:
-        return Result(check.name, FAIL, f"timed out after {check.timeout:g} s" + (f" (last output: {tail})"
-                                                                                    if tail else ""),
-                      {}, {"timeout_s": check.timeout}, round(seconds, 3))
+        return Result(check.name, FAIL, f"timed out after {timeout:g} s" + (f" (last output: {tail})"
+                                                                              if tail else ""),
+                      {}, {"timeout_s": timeout}, round(seconds, 3))
     if data is None:
         how = f"exited with code {rc}" if rc >= 0 else f"was killed by signal {-rc}"
         return Result(check.name, FAIL, f"the check's process {how} without a result"
@@ -294,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.list:
         for check in checks:
-            print(f"{check.name}\ttimeout {check.timeout:g} s\tlevels {','.join(check.levels)}")
+            print(f"{check.name}\ttimeout {check.timeout_for(config):g} s\tlevels {','.join(check.levels)}")
         return 0
     strict = bool(args.strict or config.get("strict"))
     signal.signal(signal.SIGTERM, on_term)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .core import FAIL, PASS, SKIP, Result
-from .isolation import kill_group
+from .isolation import kill_group, process_folder
 
 LOSS_WINDOW = 3           # steps averaged at each end of a training run
 MAX_LOSS_RATIO = 0.9      # the last steps' mean loss must be at most this fraction of the first steps'
@@ -386,6 +386,56 @@ def toolchain_error(exc: BaseException) -> bool:
     """Whether torch.compile failed for want of a working compiler toolchain (headers, linker), not torch."""
     text = f"{type(exc).__name__}: {exc}"
     return any(marker in text for marker in TOOLCHAIN_ERRORS)
+
+
+def private_cache(root=None):
+    """A context in which TorchInductor keeps and loads its compiled kernels (TORCHINDUCTOR_CACHE_DIR, Triton's
+    cache below it) and torch's other temporary files (tempfile's folder, TMPDIR: torch also builds paths from
+    `default_cache_dir()`, /tmp/torchinductor_<user>, ignoring TORCHINDUCTOR_CACHE_DIR) in a folder only this user
+    can change: `cache` beside the suite when it and the suite's folder are this user's and writable by it alone
+    (validate makes /opt/gpuprov/cache so: warm runs reuse the kernels), else this process's own temporary folder,
+    removed when the process ends (one per process: torch fixes its precompiled-header folder at the first import of
+    torch._inductor.codecache, so a second compile in the process must find it still there). Never
+    /tmp/torchinductor_<user>, which another user can create first, filled with code root would load. Enter it
+    before torch._dynamo is imported (its import fixes a cache path)."""
+    import contextlib
+    import tempfile
+
+    from .core import ROOT
+
+    base = str(ROOT if root is None else root)
+
+    def own(path) -> bool:
+        try:
+            found = os.lstat(path)
+        except OSError:
+            return False
+        return os.path.isdir(path) and not os.path.islink(path) and found.st_uid == os.geteuid() and not (
+            found.st_mode & 0o022)
+
+    @contextlib.contextmanager
+    def use(folder: str):
+        names = ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR")
+        before = tempfile.tempdir, {name: os.environ.get(name) for name in names}
+        tempfile.tempdir = os.environ["TMPDIR"] = folder
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(folder, "torchinductor")
+        try:
+            yield os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        finally:
+            tempfile.tempdir = before[0]
+            for name, value in before[1].items():
+                os.environ.pop(name, None) if value is None else os.environ.update({name: value})
+
+    @contextlib.contextmanager
+    def chosen():
+        if own(base) and own(os.path.join(base, "cache")):
+            with use(os.path.join(base, "cache")) as folder:
+                yield folder
+            return
+        with use(process_folder()) as folder:
+            yield folder
+
+    return chosen()
 
 
 def first_line(exc: BaseException, limit: int = 300) -> str:

@@ -20,6 +20,7 @@ from .torchutil import (
     first_line,
     import_torch,
     no_torch,
+    private_cache,
     setup_target,
     shift_task,
     toolchain_error,
@@ -46,6 +47,12 @@ def run(ctx) -> Result:
     target = setup_target(torch, ctx.config)
     if target.problem:
         return Result(NAME, FAIL, target.problem, seconds=time.monotonic() - start)
+    with private_cache():
+        return compiled_training(ctx, torch, target, start)
+
+
+def compiled_training(ctx, torch, target, start: float) -> Result:
+    """The check once torch and its device are set up (in TorchInductor's private cache)."""
     missing = compiler_missing(torch, target)
     if missing:
         return Result(NAME, SKIP, f"torch.compile not run: {missing}", {"device": target.describe(first_gpu=True)},

@@ -15,7 +15,9 @@ def namespace() -> Collection:
     ns.add_task(facts.facts)
     ns.add_task(provision.provision)
     ns.add_task(provision.preflight)
-    ns.add_task(validate.validate)
+    checks = Collection("validate", bundle=validate.bundle)   # `invoke validate` and `invoke validate.bundle`
+    checks.add_task(validate.validate, default=True)
+    ns.add_collection(checks)
     ns.add_task(harden.harden)
     ns.add_collection(Collection.from_module(images, name="images"))
     ns.add_collection(Collection.from_module(inventory, name="inventory"))

@@ -148,8 +148,9 @@ _BUILD_HELP = {
     "push": "push the images to --registry after they are built and verified",
     "registry": "registry the images are tagged for (and pushed to with --push), such as 127.0.0.1:5000",
     "no_cache": "run every step again (no layer cache)",
-    "builder": "sdk (default: the Docker SDK) or buildx (docker buildx bake, where buildx is installed)",
-    "parallel": "how many images the SDK builds at a time (default 2; 1: one after another)",
+    "builder": "sdk (default: the engine's API, on its Unix socket or through the Docker SDK) or buildx (docker "
+               "buildx bake, where buildx is installed)",
+    "parallel": "how many images the engine builds at a time (default 2; 1: one after another)",
     "json": "print exactly one JSON document",
 }
 
@@ -160,11 +161,12 @@ def build(c, name=None, changed_only=False, push=False, registry=None, no_cache=
           json_=False):
     """Render and build images with per-step progress, read the versions and labels back; --push sends them on.
 
-    Each image's context is built through the Docker SDK, --parallel images at a time (or `docker buildx bake`),
-    tagged <name>:<pytorch>-<cuXY|cpu>-<purpose> and with the git revision (and the same under --registry). After a
-    build, torch's versions inside the image and the image's labels must equal the spec's (the versions read in a
-    container of that image ID before are reused). A failed step shows the step and its output's tail; exit 1 when
-    any image failed. The lab's wheelhouse is downloaded here, for the images that install from it."""
+    Each image's context is built through the engine's API (on its Unix socket, else through the Docker SDK),
+    --parallel images at a time (or `docker buildx bake`), tagged <name>:<pytorch>-<cuXY|cpu>-<purpose> and with the
+    git revision (and the same under --registry). After a build, torch's versions inside the image and the image's
+    labels must equal the spec's (the versions read in a container of that image ID before are reused). A failed
+    step shows the step and its output's tail; exit 1 when any image failed. The lab's wheelhouse is downloaded
+    here, for the images that install from it."""
     from gpuprov.config import path_setting
     from gpuprov.errors import InputError
     from gpuprov.images.build import require_buildx
@@ -190,14 +192,14 @@ def build(c, name=None, changed_only=False, push=False, registry=None, no_cache=
     check_output_files("gpuprov.reports", [reports / "images-build-latest.json"])
     check_output_files("the images build folder", [versions_record(image.id) for image in images])
     progress = _progress(quiet=json_)
-    rendered = [render_image(image, say=lambda what, image=image: progress(f"{image.id}: {what}", "dim"))
-                for image in images]
+    rendered = (render_image(image, say=lambda what, image=image: progress(f"{image.id}: {what}", "dim"))
+                for image in images)      # each rendered while the images before it build (the SDK's builder)
     if builder == "sdk":
         results = _build_sdk(rendered, registry=registry, changed_only=changed_only, no_cache=no_cache, push=push,
                              progress=progress, parallel=parallel)
     else:
-        results = _build_buildx(rendered, registry=registry, changed_only=changed_only, no_cache=no_cache, push=push,
-                                progress=progress)
+        results = _build_buildx(list(rendered), registry=registry, changed_only=changed_only, no_cache=no_cache,
+                                push=push, progress=progress)
     _finish("images.build", reports, "images-build", {"builder": builder, "registry": registry, "push": push,
                                                        "changed_only": changed_only, "images": results}, json_,
             columns=["image", "result", "cached", "seconds", "pushed"])
@@ -233,13 +235,13 @@ def _step_printer(image_id: str, progress):
 
 
 def _build_sdk(rendered, *, registry, changed_only, no_cache, push, progress, parallel=1) -> list[dict]:
-    """Build (or, --changed-only, skip) each rendered image through the SDK, verify it, push it: `parallel` images
+    """Build (or, --changed-only, skip) each rendered image on the engine, verify it, push it: `parallel` images
     at a time (each image's lines name it)."""
     from gpuprov.errors import GpuprovError
-    from gpuprov.images.build import build_image, engine_client, in_parallel
+    from gpuprov.images.build import build_engine, build_image, in_parallel
     from gpuprov.images.labels import build_labels, provenance
 
-    client = engine_client()
+    engine = build_engine()
     origin = provenance()
 
     def one(item) -> dict:
@@ -247,7 +249,7 @@ def _build_sdk(rendered, *, registry, changed_only, no_cache, push, progress, pa
         tags = _tags(image, registry, origin.revision)
         entry = {"image": image.id, "tags": tags}
         try:
-            built = build_image(client.api, image.id, item.folder, tags,
+            built = build_image(engine.api, image.id, item.folder, tags,
                                 labels=build_labels(item.context_hash, origin), no_cache=no_cache,
                                 changed_only=changed_only, on_event=_step_printer(image.id, progress))
             entry.update(built.to_dict(), result="unchanged" if built.skipped else "built",
@@ -256,9 +258,9 @@ def _build_sdk(rendered, *, registry, changed_only, no_cache, push, progress, pa
                 progress(f"{image.id}: unchanged since its last build ({item.context_hash}): not built", "green")
             else:
                 progress(f"{image.id}: built in {built.seconds:.1f} s ({entry['cached']} steps cached)", "green")
-                entry["verification"] = _verify(client, image, tags[0], progress)
+                entry["verification"] = _verify(engine, image, tags[0], progress)
             if push:
-                entry["pushed"] = _push(client, tags, registry, progress)
+                entry["pushed"] = _push(engine.sdk, tags, registry, progress)
         except GpuprovError as exc:
             entry.update(result="failed", error=exc.to_dict())
             progress(str(exc), "bold red")

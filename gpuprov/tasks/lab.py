@@ -21,7 +21,8 @@ def _printer():
 @task(iterable=["profile"], help={
     "hosts": "number of hosts (containers gpuprov-lab-01 ...), default 3",
     "profile": "hardware profile(s), repeat or give a comma list; cycled over the hosts "
-               "(default: a mix of hgx-h100, l40s, a100-pcie, rtx-4090, h200)",
+               "(default: a mix of hgx-h100, l40s, a100-pcie, rtx-4090, h200); NAME@RELEASE runs Debian "
+               "bullseye or trixie instead of bookworm, e.g. l40s@trixie",
     "fresh": "recreate every host from the image: bare servers, nothing provisioned",
 })
 @exits_cleanly
@@ -38,7 +39,7 @@ def up(c, hosts=None, profile=None, fresh=False):
 @task
 @exits_cleanly
 def status(c):
-    """Show the lab hosts: name, profile, state, ssh port, internal IP."""
+    """Show the lab hosts: name, profile, Debian release, state, ssh port, internal IP."""
     import gpuprov.lab
 
     hosts = gpuprov.lab.status()
@@ -73,7 +74,8 @@ def _table(hosts) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("host", "profile", "state", "ssh", "internal IP")
+    table = Table("host", "profile", "Debian", "state", "ssh", "internal IP")
     for host in hosts:
-        table.add_row(host.name, host.profile, host.state, f"127.0.0.1:{host.port}", host.internal_ip or "-")
+        table.add_row(host.name, host.profile, host.release, host.state, f"127.0.0.1:{host.port}",
+                      host.internal_ip or "-")
     Console(markup=False).print(table)

@@ -4,9 +4,17 @@ reports."""
 
 from __future__ import annotations
 
+from invoke import task
 from invoke.exceptions import Exit
 
-from gpuprov.tasks._common import check_output_files, host_task, run_settings, select_hosts, split_names
+from gpuprov.tasks._common import (
+    check_output_files,
+    exits_cleanly,
+    host_task,
+    run_settings,
+    select_hosts,
+    split_names,
+)
 
 
 @host_task(help={
@@ -19,9 +27,12 @@ from gpuprov.tasks._common import check_output_files, host_task, run_settings, s
     "only": "comma list of checks to run (e.g. host.ecc,perf.matmul)",
     "json": "print the run report as JSON on stdout",
     "textfile": "place the Prometheus textfile on each host (default; --no-textfile leaves hosts alone)",
+    "dry_run": "say what the environment step would do on each host (build the venv, install torch.compile's "
+               "compiler, with the command); change nothing, run no suite",
 })
 def validate(c, host=None, group=None, all=False, inventory=None, parallel=None, trust_new_hosts=False,
-             level="quick", strict=False, image=None, multi_node=False, only=None, json_=False, textfile=True):
+             level="quick", strict=False, image=None, multi_node=False, only=None, json_=False, textfile=True,
+             dry_run=False):
     """Run the training and inference smoke suite on hosts, judged against datasheets and the fleet.
 
     Host health, training, inference, sizing, software and performance checks; exit 1 when any check failed."""
@@ -57,7 +68,7 @@ def validate(c, host=None, group=None, all=False, inventory=None, parallel=None,
     reports_.check_folder("gpuprov.wheelhouse", wheels, write=True)
     locks_for(hosts, locks)  # a corrupt lock is bad input: found before any host is contacted
     options = validation.RunOptions(level=level, strict=strict, image=image, only=checks, locks_dir=locks,
-                                    wheelhouse=wheels)
+                                    wheelhouse=wheels, dry_run=dry_run)
     printer = reports_.progress_printer(quiet=json_)
     started = time.time()
 
@@ -66,6 +77,9 @@ def validate(c, host=None, group=None, all=False, inventory=None, parallel=None,
 
     outcomes = run_on_hosts(hosts, work, settings, jump_of=inv.jump_host, on_event=printer)
     runs = [o.value if o.ok else validation.failed_run(o) for o in outcomes]
+    if dry_run:
+        _dry_run(runs, json_)
+        return
     validation.apply_fleet(runs, reports, strict)
 
     summary = None
@@ -97,6 +111,24 @@ def validate(c, host=None, group=None, all=False, inventory=None, parallel=None,
         code = 1
     if code:
         raise Exit(code=code)
+
+
+def _dry_run(runs, json_: bool) -> None:
+    """validate --dry-run's answer: each host's environment plan (or why it has none); exit 1 when a host could not
+    be asked."""
+    from gpuprov.errors import literal
+    from gpuprov.json_text import dump_json
+    from gpuprov.validation.env import plan_lines
+
+    entries = [{"host": run.host, "env": run.env, "error": run.error} for run in runs]
+    if json_:
+        print(dump_json({"dry_run": True, "hosts": entries}))
+    else:
+        for run in runs:
+            print("\n".join(literal(line) for line in (plan_lines(run.host, run.env) if run.error is None else
+                                                         [f"{run.host}: not asked: {run.error['error']}"])))
+    if any(run.error for run in runs):
+        raise Exit(code=1)
 
 
 def _checks(level: str, only: str | None) -> tuple[str, ...] | None:
@@ -156,3 +188,19 @@ def _publish(inv, hosts, runs, entries, settings, finished, printer, run_on_host
         entry = by_name[outcome.host.name]
         entry["textfile"] = {"path": outcome.value} if outcome.ok else {
             "path": f"{folders[outcome.host.name]}/gpuprov_validate.prom", "error": str(outcome.error)}
+
+
+@task(help={"output": "where to write it (default build/gpuprov-smoke.pyz)"})
+@exits_cleanly
+def bundle(c, output=None):
+    """Write the suite as one file for a bare GPU machine: `python3 gpuprov-smoke.pyz` (Python 3.9+, no gpuprov).
+
+    A zipapp with the suite, its front end and the GPU catalog's suite configs; the same inputs give the same bytes
+    (gpuprov.validation.bundle; bench/README.md says how to run it)."""
+    from pathlib import Path
+
+    from gpuprov.validation.bundle import DEFAULT_OUTPUT, build
+
+    path = Path(output) if output else DEFAULT_OUTPUT
+    check_output_files("--output", [path])
+    print(build(path))

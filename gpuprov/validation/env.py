@@ -11,7 +11,15 @@ and every folder above it are root's alone; the missing wheels go over SFTP into
 and root copies each into the root-only wheelhouse (0700) checking its SHA-256, then installs every wheel pinned
 to its exact version and digest (`pip install --require-hashes --no-index`). The venv carries a marker with the
 digest of the wheel set and the Python it was built for; a host whose marker matches is left alone, so a second
-run uploads and installs nothing.
+run uploads and installs nothing. pip installs without byte-compiling, then `compileall -j 0` compiles the venv on
+every core (pip compiles one file after another), so that the suite, run with -B, imports from .pyc files.
+
+torch.compile (train.compile, the compile half of infer.parity) needs what TorchInductor runs: `g++` (its CPU code,
+torch._inductor.config.cpp.cxx) and the interpreter's Python.h (`#include <Python.h>` in its generated modules, from
+sysconfig's include path), and a C compiler (Triton's launcher on GPUs). When those checks are selected and the
+host lacks any, root installs them from the distribution's own repositories (compiler_plan: apt-get gcc g++
+pythonX.Y-dev on Debian/Ubuntu, dnf gcc gcc-c++ and the interpreter package's -devel on RHEL), or says why it cannot
+(no such package manager, no package source offers them): the checks then skip naming what is missing.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,21 +47,55 @@ ARCHES = ("x86_64", "aarch64")
 SCHEME = 2          # in the venv marker: venvs built before wheels were pinned and checked as root are rebuilt
 SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"   # where root looks for python3 (never the SSH user's PATH)
 MIN_PYTHON = (3, 9)   # the oldest the suite runs on: RHEL/Rocky 9's (tests/unit/test_host_python_versions.py)
+COMPILE_CHECKS = ("train.compile", "infer.parity")   # the checks that run torch.compile
+COMPILE_SKIP = r"/tests?/"   # not byte-compiled at install: the wheels' own test suites (torch._dynamo imports
+                             # torch/testing/_internal, so that is compiled)
 
 # Runs on the host as root with the checked python3 (-I: no environment, no user site, no current folder on
 # sys.path): what the wheelhouse must fit, and the markers of an earlier run.
 PROBE = r"""
-import json, os, platform, sys
+import json, os, platform, shutil, subprocess, sys, sysconfig
 def read(path):
     try:
         with open(path) as handle:
             return handle.read().strip() or None
     except OSError:
         return None
+def which(*names):
+    for name in names:
+        found = shutil.which(name, path=sys.argv[3])
+        if found:
+            return found
+    return None
+def os_release():
+    found = {}
+    for line in (read("/etc/os-release") or "").splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            found[key.strip()] = value.strip().strip("'\"")
+    return found
+def rpm_owner(path):
+    rpm = which("rpm")
+    if rpm is None:
+        return None
+    try:
+        done = subprocess.run([rpm, "-qf", "--qf", "%{NAME}", path], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, universal_newlines=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else None
 libc, libc_version = platform.libc_ver()
-print(json.dumps({"python": os.path.realpath(sys.executable), "version": "%d.%d" % sys.version_info[:2],
+python = os.path.realpath(sys.executable)
+include = sysconfig.get_path("include") or ""
+release = os_release()
+print(json.dumps({"python": python, "version": "%d.%d" % sys.version_info[:2],
                   "arch": platform.machine(), "libc": libc, "glibc": libc_version, "marker": read(sys.argv[1]),
-                  "smoke": read(sys.argv[2])}))
+                  "smoke": read(sys.argv[2]),
+                  "toolchain": {"cc": which("gcc", "cc"), "cxx": which("g++"), "include": include,
+                                "headers": os.path.isfile(os.path.join(include, "Python.h")),
+                                "os": release.get("ID", ""), "like": release.get("ID_LIKE", ""),
+                                "managers": [name for name in ("apt-get", "dnf", "yum") if which(name)],
+                                "rpm": rpm_owner(python)}}))
 """
 
 # Runs as root with the checked python3: each wheel of the set (stdin: {name: sha256}) into the root-only
@@ -129,6 +172,20 @@ print(json.dumps({"missing": missing, "bad": bad}))
 
 
 @dataclass(frozen=True)
+class Toolchain:
+    """What torch.compile finds on the host (on the system PATH) and how the host installs packages."""
+
+    cc: str | None = None          # gcc or cc: Triton's launcher
+    cxx: str | None = None         # g++: TorchInductor's CPU code (torch._inductor.config.cpp.cxx)
+    include: str = ""              # the interpreter's include folder (sysconfig), where Python.h belongs
+    headers: bool = False          # Python.h is there
+    os_id: str = ""                # /etc/os-release ID and ID_LIKE
+    os_like: str = ""
+    managers: tuple[str, ...] = ()   # apt-get, dnf, yum found
+    rpm: str | None = None         # the rpm package the interpreter belongs to (RHEL: python3, python3.11)
+
+
+@dataclass(frozen=True)
 class HostPython:
     """The host's python3 and what an earlier run left (the venv's and the suite's markers)."""
 
@@ -138,6 +195,7 @@ class HostPython:
     glibc: str
     marker: str | None = None
     smoke_digest: str | None = None
+    toolchain: Toolchain = field(default_factory=Toolchain)
 
 
 def probe_command(layout: Layout = LAYOUT) -> str:
@@ -147,7 +205,7 @@ def probe_command(layout: Layout = LAYOUT) -> str:
     return "\n".join([
         SECURE, f"p=$(PATH={SYSTEM_PATH} command -v python3) || exit 127", 'r=$(readlink -f -- "$p")',
         f'why=$(secure "$p") && why=$(secure "$r") || {{ echo "refused: $p: $why" >&2; exit {INSECURE}; }}',
-        f'exec "$r" -I -c {q(PROBE)} {q(layout.marker)} {q(layout.smoke_marker)}'])
+        f'exec "$r" -I -c {q(PROBE)} {q(layout.marker)} {q(layout.smoke_marker)} {q(SYSTEM_PATH)}'])
 
 
 def probe_host(remote, layout: Layout = LAYOUT) -> HostPython:
@@ -183,8 +241,144 @@ def probe_host(remote, layout: Layout = LAYOUT) -> HostPython:
     if info["arch"] not in ARCHES:
         raise GpuprovError(f"unsupported architecture {info['arch']} (PyTorch wheels exist for "
                            f"{', '.join(ARCHES)})", host=remote.name, step="python env")
+    tools = info["toolchain"]
+    toolchain = Toolchain(cc=tools["cc"], cxx=tools["cxx"], include=tools["include"], headers=tools["headers"],
+                          os_id=tools["os"], os_like=tools["like"], managers=tuple(tools["managers"]),
+                          rpm=tools["rpm"])
     return HostPython(path=info["python"], version=info["version"], arch=info["arch"], glibc=info["glibc"],
-                      marker=info["marker"], smoke_digest=info["smoke"])
+                      marker=info["marker"], smoke_digest=info["smoke"], toolchain=toolchain)
+
+
+# ------------------------------------------------------------------------------- torch.compile's toolchain
+
+def compiler_wanted(only: tuple[str, ...] | list[str] | None) -> bool:
+    """Whether the selected checks (--only's names and groups, the runner's matching; None: all) run
+    torch.compile."""
+    return only is None or any(name == token or name.startswith(token + ".")
+                               for token in only for name in COMPILE_CHECKS)
+
+
+@dataclass(frozen=True)
+class CompilerPlan:
+    """What torch.compile lacks on a host and the packages root installs for it; `refused` says why it cannot."""
+
+    missing: tuple[str, ...] = ()     # "g++", "gcc", "Python.h"
+    packages: tuple[str, ...] = ()
+    manager: str = ""                 # apt-get | dnf | yum
+    refused: str = ""
+
+    @property
+    def command(self) -> str:
+        """The root command that installs the packages (non-interactive, no recommended or weak extras)."""
+        names = " ".join(shlex.quote(name) for name in self.packages)
+        if self.manager == "apt-get":
+            return ("DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=300 install "
+                    f"--no-install-recommends {names}")
+        return f"{self.manager} -q -y install --setopt=install_weak_deps=False {names}" if self.manager else ""
+
+    def to_dict(self) -> dict:
+        return {"missing": list(self.missing), "packages": list(self.packages), "command": self.command,
+                "refused": self.refused}
+
+
+DEBIAN_FAMILY = {"debian", "ubuntu"}
+RHEL_FAMILY = {"rhel", "centos", "fedora", "rocky", "almalinux"}
+
+
+def compiler_plan(python: HostPython) -> CompilerPlan:
+    """The distribution's packages for what torch.compile lacks on the host: g++ (TorchInductor's CPU code),
+    gcc (Triton's launcher) and the headers of exactly the host's interpreter (python3.X-dev on Debian and
+    Ubuntu; the -devel of the rpm package the interpreter belongs to on RHEL)."""
+    tools = python.toolchain
+    missing = tuple(what for what, found in (("g++", tools.cxx), ("gcc", tools.cc), ("Python.h", tools.headers))
+                    if not found)
+    if not missing:
+        return CompilerPlan()
+    family = set(f"{tools.os_id} {tools.os_like}".split())
+    if "apt-get" in tools.managers and family & DEBIAN_FAMILY:
+        names, manager = {"g++": "g++", "gcc": "gcc", "Python.h": f"python{python.version}-dev"}, "apt-get"
+    elif {"dnf", "yum"} & set(tools.managers) and family & RHEL_FAMILY:
+        if "Python.h" in missing and not tools.rpm:
+            return CompilerPlan(missing, refused=f"{python.path} belongs to no rpm package, so no -devel package "
+                                                 f"has its Python.h (wanted in {tools.include})")
+        names = {"g++": "gcc-c++", "gcc": "gcc", "Python.h": f"{tools.rpm}-devel"}
+        manager = "dnf" if "dnf" in tools.managers else "yum"
+    else:
+        return CompilerPlan(missing, refused=(
+            f"gpuprov installs compilers with apt-get on Debian/Ubuntu and dnf or yum on RHEL-like systems; this host "
+            f"is {tools.os_id or 'of an unknown distribution'} with {', '.join(tools.managers) or 'none of them'}"))
+    return CompilerPlan(missing, tuple(names[what] for what in missing), manager)
+
+
+def env_plan(python: HostPython, wheelhouse: Wheelhouse, only: tuple[str, ...] | None,
+             layout: Layout = LAYOUT) -> dict:
+    """What the environment step would do on the host (validate --dry-run): build the venv or keep it, and the
+    packages torch.compile's toolchain needs with the command that installs them (or why it cannot). Changes
+    nothing."""
+    digest = wheelhouse.digest(python)
+    plan = {"dry_run": True, "venv": layout.venv, "wheelset": digest, "wheels": len(wheelhouse.files),
+            "build": python.marker != digest}
+    if compiler_wanted(only):
+        plan["compiler"] = compiler_plan(python).to_dict()
+    return plan
+
+
+def plan_lines(host: str, env: dict) -> list[str]:
+    """validate --dry-run's lines for one host's environment plan."""
+    if env.get("mode") == "image":
+        return [f"{host}: the suite runs in {env['image']}: nothing is installed on the host"]
+    lines = [f"{host}: {env['venv']}: " + (f"build from {env['wheels']} wheels ({env['request']}; root's wheelhouse "
+                                           "takes the ones it lacks over SFTP)" if env["build"] else
+                                           f"kept (built from this wheel set, {env['wheelset'][:12]})")]
+    compiler = env.get("compiler")
+    if compiler is not None:
+        lines.append(f"{host}: torch.compile: " + (
+            f"cannot install {', '.join(compiler['missing'])}: {compiler['refused']}" if compiler["refused"] else
+            f"install {' '.join(compiler['packages'])}: {compiler['command']}" if compiler["packages"] else
+            "g++, gcc and Python.h are there"))
+    return lines
+
+
+# apt-get's words for a package no configured source offers (or lists older than the source)
+NOT_OFFERED = ("Unable to locate package", "has no installation candidate", "404  Not Found", "404 Not Found")
+
+
+def ensure_compiler(remote, python: HostPython, layout: Layout = LAYOUT,
+                    say: Callable[[str], None] = lambda what: None) -> dict:
+    """Install what torch.compile lacks (compiler_plan), then check it is there. A host that cannot install it
+    (no known package manager, no source offering the packages) is not an error: the report says why, and the
+    compile checks skip naming what is missing. Also makes the suite's root-only compile cache (layout.root/
+    cache, where the checks keep TorchInductor's kernels instead of /tmp, which others can write)."""
+    remote.root_folder(f"{layout.root}/cache", mode="0700", step="compiler")
+    plan = compiler_plan(python)
+    done = {**plan.to_dict(), "installed": []}
+    if not plan.missing or plan.refused:
+        if plan.refused:
+            say(f"torch.compile's toolchain not installed: {plan.refused}")
+        return done
+    say(f"install {' '.join(plan.packages)} (torch.compile)")
+    q = shlex.quote
+    headers = f"{python.toolchain.include}/Python.h"
+    checks = [(f"PATH={SYSTEM_PATH} command -v {tool} >/dev/null", tool) for tool in ("g++", "gcc")]
+    checks.append((f"test -f {q(headers)}", headers))
+    command = "\n".join(["set -e", plan.command, *(f"{test} || {{ echo {q(f'E: no {what} after the install')} >&2; "
+                                                    "exit 1; }" for test, what in checks)])
+    started = time.monotonic()
+    result = remote.run(command, timeout=1800, step="compiler", check=False)
+    if result.rc != 0 and plan.manager == "apt-get" and any(word in result.stderr + result.stdout
+                                                            for word in NOT_OFFERED):
+        say("apt-get update (the package lists offer no such package)")
+        remote.run("apt-get -q -o DPkg::Lock::Timeout=300 update", timeout=600, step="compiler", check=False)
+        result = remote.run(command, timeout=1800, step="compiler", check=False)
+    if result.rc != 0:
+        lines = [line.strip() for line in (result.stderr + result.stdout).splitlines() if line.strip()]
+        errors = [line for line in lines if line.startswith(("E:", "Error:", "No match"))] or lines[-1:]
+        done["refused"] = f"`{plan.command}` failed (exit {result.rc}): {'; '.join(errors[-2:]) or 'no output'}"
+        say(f"torch.compile's toolchain not installed: {done['refused']}")
+        return done
+    done["installed"] = list(plan.packages)
+    done["seconds"] = round(time.monotonic() - started, 3)
+    return done
 
 
 @dataclass(frozen=True)
@@ -421,7 +615,10 @@ def install_script(python: HostPython, wheelhouse: Wheelhouse, digest: str, layo
         f"{q(python.path)} -I -m venv --without-pip {q(layout.venv)}",
         f"{q(layout.python)} -I {q(pip)} install --isolated --no-index --find-links {q(layout.wheelhouse)} "
         f"--require-hashes --only-binary=:all: --no-cache-dir --disable-pip-version-check --no-warn-script-location "
-        f"--quiet -r {q(requirements)}",
+        f"--no-compile --quiet -r {q(requirements)}",
+        # every core compiles (pip compiles one file after another), the packages' own test suites left out (the
+        # suite never imports them); a file this Python cannot compile stays source, as pip leaves it
+        f"{q(layout.python)} -I -m compileall -qq -j 0 -x {q(COMPILE_SKIP)} {q(layout.venv + '/lib')} || :",
         f"rm -f {q(requirements)}",
         f"printf '%s\\n' {q(digest)} > {q(layout.marker)}",
     ])
@@ -451,6 +648,7 @@ def ensure_env(remote, python: HostPython, wheelhouse: Wheelhouse, layout: Layou
             "installed": False}
     if python.marker == digest:
         return done
+    marks = {"started": time.monotonic()}
     remote.root_folder(layout.root, step="python env")
     remote.user_folder(layout.incoming)
     hint = (f"{{what}}: root never installs it. Check who can write {layout.incoming} on the host "
@@ -460,11 +658,14 @@ def ensure_env(remote, python: HostPython, wheelhouse: Wheelhouse, layout: Layou
         raise GpuprovError(f"wheels in the upload folder differ from the controller's: {', '.join(staged['bad'])}",
                            host=remote.name, step="python env", hint=hint.format(what="they were removed"))
     missing = staged["missing"]
+    marks["staged"] = time.monotonic()
     if missing:
         say(f"upload {len(missing)} wheels")
         for name in missing:
             remote.put_file(wheelhouse.folder / name, f"{layout.incoming}/{name}")
+        marks["uploaded"] = time.monotonic()
         staged = stage_wheels(remote, python, wheelhouse, layout)
+    marks["checked"] = time.monotonic()
     done["uploaded"] = missing
     if staged["bad"] or staged["missing"]:
         raise GpuprovError("wheels differ from the controller's after upload: "
@@ -475,4 +676,9 @@ def ensure_env(remote, python: HostPython, wheelhouse: Wheelhouse, layout: Layou
                step="python env", hint="the wheels may not fit the host's Python: remove the wheelhouse folder on "
                                        "the controller to download them again")
     done["installed"] = True
+    marks["installed"] = time.monotonic()
+    uploaded = marks.get("uploaded", marks["staged"])
+    done["seconds"] = {"stage": round(marks["staged"] - marks["started"] + marks["checked"] - uploaded, 3),
+                       "upload": round(uploaded - marks["staged"], 3),
+                       "install": round(marks["installed"] - marks["checked"], 3)}
     return done

@@ -28,6 +28,7 @@ class RunOptions:
     locks_dir: Path = Path("locks")
     wheelhouse: Path = Path("build/wheelhouse")
     layout: Layout = LAYOUT
+    dry_run: bool = False   # say what the environment step would do (gpuprov.validation.env.env_plan); change nothing
 
 
 @dataclass
@@ -106,15 +107,46 @@ def host_status(results: list[dict], error: dict | None) -> str:
     return "pass"
 
 
+def _stack(host, facts: dict, settings, options: RunOptions) -> tuple[dict | None, str | None, list[str]]:
+    """The host's stack, lock and notices as provision sees them; on an OS gpuprov has no stack data for (and no
+    lock governing the host), none: the suite runs without the stack's expectations, with the PyTorch wheel
+    variant the inventory names (validate.torch_wheel), which such a host must name."""
+    from gpuprov.errors import InputError
+    from gpuprov.provision import Options, stack_for
+    from gpuprov.stack.data import OS_KEYS
+    from gpuprov.stack.lock import lock_path_for
+
+    os_facts = facts.get("os") or {}
+    if os_facts.get("key") or lock_path_for(host, options.locks_dir) is not None:
+        return stack_for(host, facts, Options(locks_dir=options.locks_dir))
+    shown = os_facts.get("pretty_name") or "-".join(filter(None, (os_facts.get("id"), os_facts.get("version_id")))) \
+        or "an unknown OS"
+    if not settings.torch_wheel:
+        raise InputError(f"gpuprov has no stack data for {shown}, so it cannot choose the PyTorch wheel variant of "
+                         "the suite's venv", host=host.name, step="stack.resolve",
+                         hint=f"set validate.torch_wheel for this host (cu128, cu129, cpu, ...); gpuprov's stacks "
+                              f"cover {', '.join(OS_KEYS)}")
+    return None, None, [f"gpuprov has no stack data for {shown} (its stacks cover {', '.join(OS_KEYS)}): the suite "
+                        f"runs with validate.torch_wheel {settings.torch_wheel} and judges no driver or CUDA "
+                        "version against a stack"]
+
+
 def validate_host(conn, host, options: RunOptions, say: Callable[[str], None] = lambda what: None) -> HostValidation:
     """The whole validation of one connected host. Raises GpuprovError with the run so far attached (.run)."""
     from gpuprov.facts.gather import gather
     from gpuprov.ops import MANAGED_FILES
-    from gpuprov.provision import Options, stack_for
-    from gpuprov.validation.env import ensure_env, probe_host, request_for, wheelhouse_for
+    from gpuprov.validation.env import (
+        compiler_wanted,
+        ensure_compiler,
+        ensure_env,
+        env_plan,
+        probe_host,
+        request_for,
+        wheelhouse_for,
+    )
     from gpuprov.validation.remote import Remote
     from gpuprov.validation.suite import push_suite, run_suite, suite_command, write_config
-    from gpuprov.validation.suite_config import build_config, gpu_model, torch_wheel, validate_vars
+    from gpuprov.validation.suite_config import build_config, gpu_model, load_seconds, torch_wheel, validate_vars
 
     started = time.monotonic()
     run = HostValidation(host.name, address=host.address, level=options.level, strict=options.strict,
@@ -126,7 +158,7 @@ def validate_host(conn, host, options: RunOptions, say: Callable[[str], None] = 
                                                                   settings.textfile_dir)
         say("facts")
         facts = gather(conn, MANAGED_FILES)
-        run.stack, run.lock, run.notices = stack_for(host, facts, Options(locks_dir=options.locks_dir))
+        run.stack, run.lock, run.notices = _stack(host, facts, settings, options)
         model = gpu_model(host, run.stack)
         run.gpu = model.key if model else None
         run.config = build_config(host, facts, run.stack, settings, level=options.level, strict=options.strict,
@@ -138,9 +170,15 @@ def validate_host(conn, host, options: RunOptions, say: Callable[[str], None] = 
             request = request_for(python, torch_wheel(run.stack, settings),
                                   settings.torch_version or pytorch.get("version"), settings.torch_index)
             wheelhouse = wheelhouse_for(request, options.wheelhouse, say=say)
+            if options.dry_run:
+                run.env = {"mode": "venv", "request": request.key(), **env_plan(python, wheelhouse, options.only,
+                                                                                 layout)}
+                return run
             say("python env")
             run.env = {"mode": "venv", "request": request.key(), **ensure_env(remote, python, wheelhouse, layout,
                                                                              say=say)}
+            if compiler_wanted(options.only):   # torch.compile's g++, gcc and Python.h, from the distribution
+                run.env["compiler"] = ensure_compiler(remote, python, layout, say=say)
             current = python.smoke_digest
         else:
             if facts.get("docker") is None:
@@ -149,6 +187,8 @@ def validate_host(conn, host, options: RunOptions, say: Callable[[str], None] = 
                                    hint="set container_engine: docker for the host and run provision, or "
                                         "validate without --image")
             run.env = {"mode": "image", "image": options.image}
+            if options.dry_run:
+                return run
             current = remote.run(f"cat {shlex.quote(layout.smoke_marker)} 2>/dev/null || true", sudo=False,
                                  timeout=30).stdout
             current = current.strip() or None
@@ -161,7 +201,7 @@ def validate_host(conn, host, options: RunOptions, say: Callable[[str], None] = 
                                                    only=list(options.only) if options.only else None,
                                                    image=options.image, layout=layout,
                                                    ulimits=settings.image_ulimits), options.level,
-                             run.config.get("datasheet"))
+                             run.config.get("datasheet"), load_seconds(run.config))
         run.suite_seconds = round(time.monotonic() - suite_started, 3)
         run.versions = document.get("versions") or {}
         run.results = document["results"]

@@ -10,6 +10,11 @@ SSH, its suite environment failed). Only when every host joined does torchrun st
 the all-reduce result is checked (an exact sum) and the bus bandwidth reported. Each host gets a
 `multinode.allreduce` result.
 
+On GPUs the run records, per host, the network NCCL used between the hosts (`nccl_network`: IB or Socket, from its
+NCCL_DEBUG=INFO lines, subsystems INIT and NET) and the host's RDMA devices (/sys/class/infiniband): a host with
+InfiniBand or RoCE devices it can open (/dev/infiniband/uverbs*) whose NCCL fell back to sockets fails the run
+(unless NCCL_IB_DISABLE=1 there). With --image, such a host gives /dev/infiniband and IPC_LOCK to the container.
+
 torchrun's c10d store is unauthenticated and its dynamic rendezvous unpickles what the store holds, so: the
 workers run as an unprivileged system user (gpuprov-validate, created on each host, in the video/render group
 where the GPU device files belong to one), and for the run the rendezvous host drops connections to the
@@ -121,6 +126,15 @@ print(json.dumps({"joined": False, "error": "cannot reach the rendezvous at %s:%
                   % (addr, port, timeout, error)}))
 """
 
+# NCCL's INFO lines of the INIT and NET subsystems name the network it uses; each host says which RDMA devices it
+# has (and whether IB was turned off) before torchrun starts. With --image, the RDMA devices go to the container.
+NCCL_LOG = "export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET"
+RDMA_MARK = "GPUPROV-RDMA "
+RDMA_PROBE = (f"printf '{RDMA_MARK}%s|%s|%s\\n' \"$(ls /sys/class/infiniband 2>/dev/null | tr '\\n' ' ')\" "
+              "\"$(ls /dev/infiniband 2>/dev/null | grep -c '^uverbs')\" \"${NCCL_IB_DISABLE:-}\"")
+RDMA_FLAGS = ("RDMA=; if ls /dev/infiniband 2>/dev/null | grep -q '^uverbs'; then "
+              "RDMA='--device=/dev/infiniband --cap-add=IPC_LOCK'; fi")
+
 # The interface that carries the cluster address, for gloo's and NCCL's sockets (unless the operator set them).
 IFACE = ("IFACE=$(ip -o addr show 2>/dev/null | awk -v a={addr} '{{split($4, p, \"/\"); if (p[1] == a) "
          "{{print $2; exit}}}}'); if [ -n \"$IFACE\" ]; then export GLOO_SOCKET_IFNAME=${{GLOO_SOCKET_IFNAME:-$IFACE}} "
@@ -217,7 +231,7 @@ def torchrun_command(node: Node, nodes: list[Node], *, port: int, rdzv_id: str, 
     if image is None:
         setpriv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", "--no-new-privs", "env",
                    "HOME=/nonexistent", layout.python, "-E", "-s", "-B"]
-        return (f"cd {q(layout.multinode)} || exit 1; {iface}; {start}{launch}"
+        return (f"cd {q(layout.multinode)} || exit 1; {iface}; {NCCL_LOG}; {RDMA_PROBE}; {start}{launch}"
                 + " ".join(q(a) for a in [*setpriv, *run]))
     from gpuprov.validation.suite import DOCKER_FLAGS, ulimit_flags
 
@@ -225,8 +239,10 @@ def torchrun_command(node: Node, nodes: list[Node], *, port: int, rdzv_id: str, 
            f"GA=$(for g in $(id -G {q(user)}); do printf ' --group-add %s' \"$g\"; done) || exit 1")
     docker = ["docker", "run", "--rm", *DOCKER_FLAGS, "--network", "host", *ulimit_flags(node.ulimits),
               "-v", f"{layout.multinode}:{layout.multinode}:ro", "-w", layout.multinode,
-              "-e", "GLOO_SOCKET_IFNAME", "-e", "NCCL_SOCKET_IFNAME", "-e", "HOME=/tmp"]
-    return (f"{ids}; {iface}; {start}{launch}" + " ".join(q(a) for a in docker) + ' --user "$U:$G" $GA '
+              "-e", "GLOO_SOCKET_IFNAME", "-e", "NCCL_SOCKET_IFNAME", "-e", "NCCL_DEBUG", "-e", "NCCL_DEBUG_SUBSYS",
+              "-e", "HOME=/tmp"]
+    return (f"{ids}; {iface}; {NCCL_LOG}; {RDMA_PROBE}; {RDMA_FLAGS}; {start}{launch}"
+            + " ".join(q(a) for a in docker) + ' --user "$U:$G" $GA $RDMA '
             + " ".join(q(a) for a in [image, "python3", "-B", *run]))
 
 
@@ -242,6 +258,22 @@ def parse_output(text: str) -> dict | None:
             except (ValueError, RecursionError):   # DocumentError is a ValueError: a malformed line is no result
                 return None
     return None
+
+
+def host_transport(output: str) -> dict:
+    """One host's NCCL network (its ranks' info lines) and RDMA devices (its probe line), and whether IB was turned
+    off there."""
+    from gpuprov.smoke.perf_allreduce import nccl_network
+
+    devices, reachable, disabled = [], False, False
+    for line in output.splitlines():
+        if line.startswith(RDMA_MARK):
+            listed, _, rest = line[len(RDMA_MARK):].partition("|")
+            verbs, _, ib_disable = rest.partition("|")
+            devices, reachable = sorted(listed.split()), verbs.strip() not in ("", "0")
+            disabled = ib_disable.strip() == "1"
+    return {"nccl_network": nccl_network(output), "rdma_devices": devices, "rdma_reachable": reachable,
+            "ib_disabled": disabled}
 
 
 def _tail(text: str, lines: int = 3) -> str:
@@ -353,11 +385,13 @@ def run_multinode(nodes: list[Node], hosts: list, settings, *, jump_of, port: in
         run_on_hosts(hosts[:1], unfirewall, settings, jump_of=jump_of, on_event=on_event)
     found = None
     failures = {}
+    transports = {}
     for outcome in outcomes:
         if not outcome.ok:
             failures[outcome.host.name] = outcome.error.message
             continue
         found = found or parse_output(outcome.value["output"])
+        transports[outcome.host.name] = host_transport(outcome.value["output"])
         if outcome.value["rc"] != 0:
             failures[outcome.host.name] = f"torchrun exit {outcome.value['rc']}: {_tail(outcome.value['output'])}"
     world = sum(n.nproc for n in nodes)
@@ -371,6 +405,9 @@ def run_multinode(nodes: list[Node], hosts: list, settings, *, jump_of, port: in
                "wrong_elements": found["wrong_elements"]}
     missing = sorted(set(by_name) - set(found.get("nodes", [])))
     summary["worker_uids"] = found.get("uids")
+    fallbacks = _socket_fallbacks(transports) if found["backend"] == "nccl" else {}
+    if found["backend"] == "nccl":
+        summary["transport"] = transports
     if user != "root" and 0 in (found.get("uids") or [0]):
         status, reason = "fail", f"the workers ran as root, not as {user}"
     elif missing or found["world_size"] != world:
@@ -379,11 +416,34 @@ def run_multinode(nodes: list[Node], hosts: list, settings, *, jump_of, port: in
     elif found["wrong_elements"]:
         status, reason = "fail", (f"all-reduce over {len(nodes)} nodes gave {found['wrong_elements']} wrong elements "
                                   f"(expected every element {found['expected_sum']:g})")
+    elif fallbacks:
+        status, reason = "fail", ("NCCL fell back to sockets (NET/Socket) on hosts with RDMA devices: "
+                                  + "; ".join(f"{name} ({why})" for name, why in fallbacks.items())
+                                  + " (with --image: a container needs /dev/infiniband, IPC_LOCK and rdma-core's "
+                                    "libibverbs; on the host check NCCL_IB_HCA and ibv_devinfo)")
     else:
-        status, reason = "pass", (f"all-reduce over {len(nodes)} nodes ({world} processes, {found['backend']}) "
-                                  f"correct; bus bandwidth {found['busbw_gbs']:.2f} GB/s")
+        network = ",".join(sorted({t["nccl_network"] or "unknown" for t in transports.values()})) \
+            if found["backend"] == "nccl" else None
+        status, reason = "pass", (f"all-reduce over {len(nodes)} nodes ({world} processes, {found['backend']}"
+                                  f"{f', NCCL network {network}' if network else ''}) correct; bus bandwidth "
+                                  f"{found['busbw_gbs']:.2f} GB/s")
     summary.update(status=status, reason=reason, figures=figures)
-    return {"results": {n.name: result(status, reason, figures, len(nodes)) for n in nodes}, "summary": summary}
+    shown = ("nccl_network", "rdma_devices", "rdma_reachable") if found["backend"] == "nccl" else ()
+    per_host = {n.name: {**figures, **{key: transports.get(n.name, {}).get(key) for key in shown}} for n in nodes}
+    return {"results": {n.name: result(status, reason, per_host[n.name], len(nodes)) for n in nodes},
+            "summary": summary}
+
+
+def _socket_fallbacks(transports: dict) -> dict[str, str]:
+    """Hosts with RDMA devices whose NCCL used sockets (IB not turned off there): host -> what it had and used."""
+    from gpuprov.smoke.perf_allreduce import transport_problem
+
+    out = {}
+    for name, seen in transports.items():
+        if transport_problem(seen["nccl_network"], seen["rdma_devices"] if seen["rdma_reachable"] else [],
+                             seen["ib_disabled"]):
+            out[name] = f"RDMA devices {', '.join(seen['rdma_devices'])}, NCCL network {seen['nccl_network']}"
+    return out
 
 
 def nodes_for(runs: list, hosts: list, settings_of) -> list[Node]:

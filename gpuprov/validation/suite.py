@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shlex
 from importlib import resources
 
@@ -12,7 +13,9 @@ from gpuprov.errors import GpuprovError
 from gpuprov.validation import LAYOUT, Layout
 
 OUTPUT_TAIL = 16384   # characters of a failed run's output kept in its error (the tail)
-TIMEOUTS = {"quick": 900, "burn-in": 5400}   # seconds for the whole suite; each check has its own timeout
+# seconds for the whole suite (each check has its own timeout): at burn-in, dcgmi diag -r 4 alone may take its
+# 5400 s (tools_dcgm.TIMEOUT_FOR), and the other checks up to 1800 s more; the burn-in load comes on top
+TIMEOUTS = {"quick": 900, "burn-in": 7200}
 # NVIDIA's flags for PyTorch containers: the GPUs, the host's IPC namespace (DataLoader shared memory), unlimited
 # locked memory (pinned buffers, NCCL) and a 64 MiB stack. The ulimits can be changed per host (validate.image_ulimits).
 DOCKER_FLAGS = ("--gpus", "all", "--ipc=host")
@@ -113,10 +116,11 @@ def suite_command(*, level: str, strict: bool, only: list[str] | None = None, im
     return " ".join(q(a) for a in docker)
 
 
-def run_suite(remote, command: str, level: str, datasheet: dict | None = None) -> dict:
+def run_suite(remote, command: str, level: str, datasheet: dict | None = None, load_s: float = 0.0) -> dict:
     """Run the suite (as root) and return its document, checked against `datasheet` (the suite config's); a run
-    that prints no valid document is an error."""
-    result = remote.run(command, timeout=TIMEOUTS[level], step="suite", check=False)
+    that prints no valid document is an error. `load_s`: the burn-in time the config adds to the level's
+    (suite_config.load_seconds)."""
+    result = remote.run(command, timeout=TIMEOUTS[level] + math.ceil(load_s), step="suite", check=False)
     return parse_document(remote.name, result.stdout, result.stderr, result.rc, result.shown_command(), datasheet)
 
 

@@ -269,6 +269,17 @@ def expected(model, gpus: int | None, nvswitch: bool) -> tuple[dict, dict]:
     return values, basis
 
 
+def load_seconds(config: dict) -> float:
+    """Seconds of load a suite config asks of the checks at its level on top of their own timeouts (the burn-in
+    time perf.matmul's sustained load runs), which the controller also waits for the whole suite."""
+    from gpuprov.smoke.core import REGISTRY
+    from gpuprov.smoke.runner import discover
+
+    discover()
+    level = config.get("level") or "quick"
+    return sum(check.load(config) for check in REGISTRY.values() if check.load and level in check.levels)
+
+
 def torch_wheel(stack: dict | None, settings: ValidateVars) -> str | None:
     """The PyTorch wheel variant of the host's venv: the inventory's override, else the stack's."""
     return settings.torch_wheel or ((stack or {}).get("pytorch") or {}).get("wheel")

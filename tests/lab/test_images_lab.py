@@ -129,12 +129,13 @@ def l40s(lab) -> str:
 
 @pytest.fixture(scope="module")
 def inventory(lab, registry, tmp_path_factory):
-    """The lab inventory with the images variables: the registry as hosts reach it, mounts, and the lab engine's
-    locked-memory limit on the HGX host; the L40S host pinned to the 570 driver branch."""
+    """The lab inventory with the images variables added to what the lab writes (the lab group's `images:` keeps
+    the lab engine's locked-memory limit, memlock: null): the registry as hosts reach it and mounts; the L40S host
+    pinned to the 570 driver branch."""
     def edit(document):
-        host = document["hosts"][hgx(lab)]["vars"]
-        host["data_dir"] = "/data"
-        host["images"] = {"registry": registry.pull, "output_dir": "/srv/out", "memlock": 8388608}
+        assert document["groups"]["lab"]["vars"]["images"] == {"memlock": None}   # as the lab writes it
+        document["groups"]["lab"]["vars"]["images"].update(registry=registry.pull, output_dir="/srv/out")
+        document["hosts"][hgx(lab)]["vars"]["data_dir"] = "/data"
         document["hosts"][l40s(lab)]["vars"]["stack"] = {"driver": "570"}
 
     return copy_inventory(lab, tmp_path_factory.mktemp("images-inventory"), edit=edit)
@@ -168,8 +169,8 @@ def test_images_run_pulls_from_the_registry_and_starts_the_job_with_its_flags(la
         config = inspected["HostConfig"]
         assert inspected["Config"]["Image"] == f"{registry.pull}/{IMAGE}:{TAG}"
         assert config["IpcMode"] == "host"
-        assert [(u["Name"], u["Soft"], u["Hard"]) for u in config["Ulimits"]] == [
-            ("memlock", 8388608, 8388608), ("stack", 67108864, 67108864)]
+        # no memlock asked for: the engine's own limit, which this lab's engines cannot lift (see below)
+        assert [(u["Name"], u["Soft"], u["Hard"]) for u in config["Ulimits"]] == [("stack", 67108864, 67108864)]
         assert [(r["Count"], r["Capabilities"]) for r in config["DeviceRequests"]] == [(-1, [["gpu"]])]
         assert sorted(config["Binds"]) == ["/data:/data", "/srv/out:/srv/out"]
         deadline = time.monotonic() + 60
@@ -196,9 +197,10 @@ def test_unlimited_locked_memory_is_asked_for_and_this_labs_engine_cannot_grant_
                                                                                   env, tmp_path):
     # the lab's engines run without CAP_SYS_RESOURCE: runc cannot lift RLIMIT_MEMLOCK (type 8) above its limit
     name = hgx(lab)
-    document = inventory.read_text().replace("memlock: 8388608", "memlock: -1")
+    document = yaml.safe_load(inventory.read_text())
+    document["groups"]["lab"]["vars"]["images"]["memlock"] = -1
     default = tmp_path / "default.yaml"
-    default.write_text(document)
+    default.write_text(yaml.safe_dump(document))
     proc = invoke("images.run", "--inventory", str(default), "--host", name, "--name", IMAGE, "--detach",
                   "--container", f"{JOB}-unlimited", "--", "true", check_code=1, env=env)
     try:

@@ -25,9 +25,11 @@ PROFILES = ["hgx-h100", "hgx-h100"]
 VENV = "/opt/gpuprov/venv"
 TEXTFILE = "/var/lib/prometheus/node-exporter/gpuprov_validate.prom"   # validate.textfile_dir's default
 # What a healthy, provisioned hgx-h100 lab host passes (the rest are skips with their reason: no GPU device on a
-# lab host, CPU torch, no compiler for torch.compile, no nccl-tests, no kernel log in a container).
+# lab host, CPU torch, no nccl-tests, no kernel log in a container). torch.compile runs with the g++, gcc and Python
+# headers validate installs from the lab mirror's Debian packages.
 MUST_PASS = {"host.gpus", "host.driver", "host.persistence", "host.ecc", "host.nvlink", "host.fabric", "host.shm",
-             "train.cnn", "train.transformer", "train.dataloader", "train.ddp", "infer.latency", "tools.dcgm"}
+             "train.cnn", "train.transformer", "train.dataloader", "train.ddp", "train.compile", "infer.parity",
+             "infer.latency", "tools.dcgm"}
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +81,7 @@ def quick(fleet):
 
 
 def test_the_quick_suite_passes_on_a_provisioned_host(fleet, quick):
-    _, _, (first, _) = fleet
+    state, _, (first, _) = fleet
     run, (before, after) = quick
     [entry] = run["hosts"]
     assert entry["error"] is None and entry["env"]["mode"] == "venv"
@@ -95,7 +97,10 @@ def test_the_quick_suite_passes_on_a_provisioned_host(fleet, quick):
     assert found["perf.matmul"]["reason"].startswith("no GPU: measured on CPU, not judged against the datasheet")
     assert found["perf.matmul"]["figures"]["fp32_tflops"] > 0
     assert found["tools.dcgm"]["reason"] == "dcgmi diag -r 1: 1 tests passed"
+    assert found["infer.parity"]["figures"]["compared"] == ["compile", "onnx"]
     assert entry["versions"]["torch"].startswith("2.13.0") and entry["versions"]["dcgm"]
+    # the venv was byte-compiled at install (compileall), so the suite (python -B) imports torch from .pyc files
+    on_host(state, first, "ls /opt/gpuprov/venv/lib/python3*/site-packages/torch/__pycache__/__init__.cpython-3*.pyc")
 
 
 def test_the_junit_report_parses_with_a_junit_library(fleet, quick):
@@ -135,6 +140,44 @@ def test_the_textfile_on_the_host_parses_with_prometheus_client(fleet, quick):
     assert int(before) <= stamp <= after + 1
     # written atomically: nothing but the textfile in node_exporter's folder
     assert on_host(state, first, f"ls -A {TEXTFILE.rsplit('/', 1)[0]}").split() == ["gpuprov_validate.prom"]
+
+
+# ---------------------------------------------------------------------------------------------- torch.compile
+
+def test_torch_compile_passes_with_the_compiler_validate_installs_from_the_mirror(fleet):
+    """A lab host has no compiler; validate installs g++, gcc and the headers of the host's own python3 from the lab
+    mirror (Debian's packages, as a real host gets them from its repository), and both compile checks then pass
+    (TorchInductor compiles C++ with g++ against Python.h). A second run installs nothing."""
+    state, env, (_, second) = fleet
+    version = on_host(state, second, "python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])'").strip()
+    packages = ["g++", "gcc", f"python{version}-dev"]
+    assert on_host(state, second, "command -v g++ gcc || echo none").strip() == "none"
+    # --dry-run says what it would install, and how, and installs nothing
+    shown = invoke("validate", "--host", second, "--only", "train.compile", "--dry-run", env=env).stdout
+    assert shown.splitlines()[-1] == (f"{second}: torch.compile: install {' '.join(packages)}: DEBIAN_FRONTEND="
+                                      "noninteractive apt-get -q -y -o DPkg::Lock::Timeout=300 install "
+                                      f"--no-install-recommends {' '.join(packages)}")
+    assert on_host(state, second, "command -v g++ gcc || echo none").strip() == "none"
+    run = validate(env, "--host", second, "--only", "train.compile,infer.parity", "--no-textfile")
+    [entry] = run["hosts"]
+    assert entry["env"]["compiler"]["installed"] == packages and entry["env"]["compiler"]["refused"] == ""
+    status = on_host(state, second, "dpkg-query -W -f='${db:Status-Abbrev}${Package}\\n' " + " ".join(packages))
+    assert sorted(status.split("\n")[:-1]) == sorted(f"ii {name}" for name in packages)
+    include = on_host(state, second, "python3 -c 'import sysconfig; print(sysconfig.get_path(\"include\"))'").strip()
+    on_host(state, second, f"test -f {include}/Python.h")
+    for again in (run, validate(env, "--host", second, "--only", "train.compile,infer.parity", "--no-textfile")):
+        found = results(again, second)
+        assert found["train.compile"]["status"] == "pass", found["train.compile"]["reason"]
+        assert found["infer.parity"]["status"] == "pass", found["infer.parity"]["reason"]
+        assert found["infer.parity"]["figures"]["compared"] == ["compile", "onnx"]
+        assert found["train.compile"]["figures"]["first_loss_compiled"] > 0
+    [entry] = again["hosts"]
+    assert entry["env"]["compiler"] == {"missing": [], "packages": [], "command": "", "refused": "", "installed": []}
+    assert not entry["env"]["installed"] and not entry["env"]["uploaded"]
+    # TorchInductor's kernels are kept in root's own folder, never in /tmp/torchinductor_root (others can write /tmp)
+    assert on_host(state, second, "stat -c '%U %a' /opt/gpuprov/cache").split() == ["root", "700"]
+    assert on_host(state, second, "find /opt/gpuprov/cache/torchinductor -name '*.so'").split()
+    assert on_host(state, second, "find /tmp -path '/tmp/torchinductor_*' -type f").split() == []
 
 
 # ------------------------------------------------------------------------------------------------- faults

@@ -1,5 +1,6 @@
-"""images.build through the Docker SDK on this machine's engine (started as gpuprov.lab.engine does when none
-answers): real builds of a tiny image made of this machine's own /bin/sh and the libraries it loads.
+"""images.build through the engine's API on its Unix socket and through the Docker SDK, on this machine's engine
+(started as gpuprov.lab.engine does when none answers): real builds of a tiny image made of this machine's own
+/bin/sh and the libraries it loads.
 
 What the engine did is judged by the engine itself (`docker inspect`, `docker history`) and by the texts of
 moby's classic builder and runc, never by gpuprov's own reading of the stream."""
@@ -12,6 +13,7 @@ import json
 import os
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -22,11 +24,14 @@ from gpuprov.images.build import (
     StepStream,
     bake,
     bake_command,
+    build_engine,
     build_image,
     buildx_available,
+    in_parallel,
     require_buildx,
 )
 from gpuprov.images.container import run_in_image
+from gpuprov.images.engine import SocketEngine, socket_path
 from gpuprov.images.labels import CONTEXT_HASH, context_hash
 from gpuprov.images.push import push_image, registry_auth
 from gpuprov.images.suite import run_image_suite
@@ -77,6 +82,18 @@ def sh_image(engine) -> str:
     subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False)
 
 
+@pytest.fixture(params=["socket", "sdk"])
+def api(request, engine):
+    """What builds: the engine's API on its Unix socket (gpuprov.images.engine, as images.build uses it where the
+    engine listens on one), and the SDK's APIClient (any other DOCKER_HOST)."""
+    if request.param == "sdk":
+        return engine.api
+    path = socket_path()
+    if path is None:
+        pytest.skip("DOCKER_HOST names no Unix socket")
+    return SocketEngine(path)
+
+
 @pytest.fixture
 def context(tmp_path, sh_image) -> Path:
     folder = tmp_path / "ctx"
@@ -89,8 +106,11 @@ def context(tmp_path, sh_image) -> Path:
 
 @pytest.fixture
 def tags(request):
-    """Tags unique to the test; every image they name is removed afterwards."""
-    names = [f"{REPOSITORY}:{request.node.name[:60].replace('[', '-').replace(']', '')}-{n}" for n in ("a", "b")]
+    """Tags unique to the test and its parameters (and this process); every image they name is removed
+    afterwards."""
+    unique = hashlib.sha256(f"{request.node.nodeid} {os.getpid()}".encode()).hexdigest()[:8]
+    names = [f"{REPOSITORY}:{request.node.name[:50].replace('[', '-').replace(']', '')}-{unique}-{n}"
+             for n in ("a", "b")]
     yield names
     subprocess.run(["docker", "rmi", "-f", *names], capture_output=True, check=False)
 
@@ -101,9 +121,9 @@ def inspect(reference: str) -> dict:
     return json.loads(proc.stdout)[0]
 
 
-def test_a_build_reports_each_step_as_it_starts_and_ends_and_labels_the_image(engine, context, tags):
+def test_a_build_reports_each_step_as_it_starts_and_ends_and_labels_the_image(api, context, tags):
     events = []
-    built = build_image(engine.api, "tiny", context, tags, labels={"io.gpuprov.purpose": "train"},
+    built = build_image(api, "tiny", context, tags, labels={"io.gpuprov.purpose": "train"},
                         on_event=lambda kind, step: events.append((kind, step.number, step.instruction)))
     dockerfile = context.joinpath("Dockerfile").read_text().splitlines()
     # the engine adds one LABEL step per build-time label, after the Dockerfile's own steps
@@ -119,23 +139,23 @@ def test_a_build_reports_each_step_as_it_starts_and_ends_and_labels_the_image(en
     assert sorted(image["RepoTags"]) == sorted(tags)
 
 
-def test_a_rebuild_without_a_change_is_all_cache_hits_and_no_cache_runs_every_step(engine, context, tags):
-    first = build_image(engine.api, "tiny", context, tags)
-    again = build_image(engine.api, "tiny", context, tags)
+def test_a_rebuild_without_a_change_is_all_cache_hits_and_no_cache_runs_every_step(api, context, tags):
+    first = build_image(api, "tiny", context, tags)
+    again = build_image(api, "tiny", context, tags)
     assert again.image_id == first.image_id == inspect(tags[0])["Id"]
     assert again.cache_hits == again.work_steps == len(again.steps) - 1 and not again.steps[0].cached
-    fresh = build_image(engine.api, "tiny", context, tags, no_cache=True)
+    fresh = build_image(api, "tiny", context, tags, no_cache=True)
     assert fresh.cache_hits == 0 and fresh.image_id != first.image_id
     assert inspect(tags[0])["Id"] == fresh.image_id
 
 
-def test_changed_only_builds_nothing_without_a_change_and_rebuilds_after_one(engine, context, tags):
-    first = build_image(engine.api, "tiny", context, tags[:1])
-    skipped = build_image(engine.api, "tiny", context, tags, changed_only=True)
+def test_changed_only_builds_nothing_without_a_change_and_rebuilds_after_one(api, context, tags):
+    first = build_image(api, "tiny", context, tags[:1])
+    skipped = build_image(api, "tiny", context, tags, changed_only=True)
     assert skipped.skipped and skipped.steps == [] and skipped.image_id == first.image_id
     assert inspect(tags[1])["Id"] == first.image_id   # the unchanged image gets the tags it lacked
     (context / "hello.txt").write_text("hello again\n")
-    rebuilt = build_image(engine.api, "tiny", context, tags, changed_only=True)
+    rebuilt = build_image(api, "tiny", context, tags, changed_only=True)
     assert not rebuilt.skipped and rebuilt.image_id != first.image_id
     # the engine reused the layers before the changed COPY, and ran the rest
     assert [step.cached for step in rebuilt.steps[1:4]] == [False, False, False]
@@ -155,14 +175,14 @@ def test_the_context_hash_follows_names_contents_and_the_executable_bit(context)
     assert context_hash(context) != before
 
 
-def test_a_failed_step_names_the_step_the_engines_message_and_the_output_tail(engine, context, tags):
+def test_a_failed_step_names_the_step_the_engines_message_and_the_output_tail(api, context, tags):
     dockerfile = context / "Dockerfile"
     lines = [f"line {n}" for n in range(40)]
     shell = "; ".join(f"echo {line}" for line in lines) + "; exit 3"
     run = f"RUN {shell}"
     dockerfile.write_text(dockerfile.read_text().replace("RUN echo built > /built", run))
     with pytest.raises(BuildStepError) as caught:
-        build_image(engine.api, "tiny", context, tags)
+        build_image(api, "tiny", context, tags)
     error = caught.value
     # moby's classic builder: "The command '%s' returned a non-zero code: %d"
     assert error.message == f"step 3/5 failed: The command '/bin/sh -c {shell}' returned a non-zero code: 3"
@@ -172,21 +192,45 @@ def test_a_failed_step_names_the_step_the_engines_message_and_the_output_tail(en
     assert shown[-16:-1] == [f"    {line}" for line in lines[-15:]]
 
 
-def test_a_step_the_runtime_cannot_start_is_named_with_the_runtimes_message(engine, tmp_path, tags):
+def test_a_step_the_runtime_cannot_start_is_named_with_the_runtimes_message(api, tmp_path, tags):
     (tmp_path / "Dockerfile").write_text("FROM scratch\nRUN true\n")
     with pytest.raises(BuildStepError) as caught:
-        build_image(engine.api, "scratch", tmp_path, tags)
+        build_image(api, "scratch", tmp_path, tags)
     assert caught.value.message.startswith("step 2/3 failed: ")
     assert 'exec: "/bin/sh": stat /bin/sh: no such file or directory' in caught.value.message  # runc's words
 
 
-def test_a_dockerfile_the_engine_cannot_parse_is_refused_with_the_parsers_message(engine, tmp_path, tags):
+def test_a_dockerfile_the_engine_cannot_parse_is_refused_with_the_parsers_message(api, tmp_path, tags):
     (tmp_path / "Dockerfile").write_text("FROM scratch\nBOGUS x\n")
     with pytest.raises(GpuprovError) as caught:
-        build_image(engine.api, "bogus", tmp_path, tags)
+        build_image(api, "bogus", tmp_path, tags)
     # moby's Dockerfile parser
     assert caught.value.message == ("the engine refused the build of bogus: dockerfile parse error line 2: unknown "
                                     "instruction: BOGUS")
+
+
+def test_the_next_image_is_made_while_one_builds_and_its_error_waits_for_the_running_build():
+    events = []
+
+    def rendered():
+        for number in range(3):
+            events.append(f"made {number}")
+            if number == 2:
+                raise InputError("image 2 cannot be rendered")
+            yield number
+
+    def build(number):
+        events.append(f"start {number}")
+        time.sleep(0.3)
+        events.append(f"end {number}")
+        return number
+
+    with pytest.raises(InputError):
+        in_parallel(build, rendered(), 1)
+    # made while the one before it built; one at a time; the failed one raised once the running build ended
+    assert events.index("made 1") < events.index("end 0") < events.index("start 1")
+    assert events.index("made 2") < events.index("end 1") == len(events) - 1
+    assert in_parallel(build, iter(range(2)), 2) == [0, 1]
 
 
 def test_buildx_is_refused_where_it_is_not_installed(tmp_path, monkeypatch):
@@ -215,6 +259,13 @@ def test_what_a_command_prints_comes_back_and_inputs_arrive_in_tmp(engine, sh_im
                                                            "echo err >&2; exit 3"],
                        inputs={"in.txt": b"hello from the controller\n"})
     assert (ran.rc, ran.stdout, ran.stderr) == (3, "hello from the controller\n", "err\n")
+
+
+def test_the_build_engine_runs_containers_through_the_sdk_made_when_first_needed(engine, sh_image):
+    built = build_engine()
+    assert built._sdk is None or socket_path() is None      # on a Unix socket, no SDK client until a container
+    ran = run_in_image(built, sh_image, ["/bin/sh", "-c", "echo from the sdk"])
+    assert (ran.rc, ran.stdout) == (0, "from the sdk\n") and built._sdk is not None
 
 
 @pytest.mark.parametrize(("expected", "found", "problems"), [

@@ -207,18 +207,20 @@ def apt_simulate(folder: Path, words: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(["apt-get", *options, "-s", "install", *words], capture_output=True, text=True, timeout=120)
 
 
-def apt_words(dockerfile: Path) -> list[str]:
-    """The package=version words of the apt block's install command, as sh splits them."""
-    [run] = [row["value"] for row in DockerfileParser(str(dockerfile)).structure
-             if row["instruction"] == "RUN" and "apt-get install" in row["value"]]
-    return [word for word in shlex.split(run) if re.fullmatch(r"[a-z0-9][a-z0-9+.-]+=[^=]+", word)]
+def apt_words(dockerfile: Path, names: tuple[str, ...]) -> list[str]:
+    """The package=version words of `names` in the apt block's install command (the image's own stage, the last
+    one), as sh splits them."""
+    run = [row["value"] for row in DockerfileParser(str(dockerfile)).structure
+           if row["instruction"] == "RUN" and "apt-get install" in row["value"]][-1]
+    return [word for word in shlex.split(run) if re.fullmatch(r"[a-z0-9][a-z0-9+.-]+=[^=]+", word)
+            and word.split("=")[0] in names]
 
 
 @pytest.mark.skipif(shutil.which("apt-get") is None, reason="apt-get (Debian or Ubuntu) is the judge")
 def test_the_rendered_apt_pins_install_after_the_release_moved_python3_in_its_updates(rendered, tmp_path):
-    words = apt_words(rendered["cuda-pytorch-train-2.8.0-cu128"][1])
-    assert sorted(words) == sorted(f"{name}={UBUNTU}" for name in ("python3", "python3-minimal", "libpython3-stdlib",
-                                                                   "python3-venv"))
+    family = ("python3", "python3-minimal", "libpython3-stdlib", "python3-venv")
+    words = apt_words(rendered["cuda-pytorch-train-2.8.0-cu128"][1], family)
+    assert sorted(words) == sorted(f"{name}={UBUNTU}" for name in family)
     done = apt_simulate(tmp_path / "family", words)
     assert done.returncode == 0, done.stdout + done.stderr
     installs = dict(re.findall(r"^Inst (\S+) \((\S+) ", done.stdout, re.MULTILINE))

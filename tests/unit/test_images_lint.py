@@ -77,6 +77,10 @@ def test_images_lint_fails_on_a_block_hadolint_refuses(tmp_path, monkeypatch, ca
         image_tasks.lint(Context(), name=["cuda-onnxruntime-infer"])
     assert info.value.code == 1
     out = capsys.readouterr()
-    assert (f"{tmp_path}/out/cuda-onnxruntime-infer/Dockerfile:11: DL3008 warning: Pin versions in apt get install. "
-            "Instead of `apt-get install <package>` use `apt-get install <package>=<version>` (block apt)") in out.out
+    dockerfile = (tmp_path / "out" / "cuda-onnxruntime-infer" / "Dockerfile").read_text().splitlines()
+    line = dockerfile.index("    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends curl \\")
+    assert dockerfile[line - 1] == "RUN apt-get update \\"     # hadolint names the line the RUN starts on
+    assert (f"{tmp_path}/out/cuda-onnxruntime-infer/Dockerfile:{line}: DL3008 warning: Pin versions in apt get "
+            "install. Instead of `apt-get install <package>` use `apt-get install <package>=<version>` "
+            "(block apt)") in out.out
     assert "hadolint found 1 problems at error or warning level" in out.err

@@ -88,18 +88,20 @@ NGC = "NGC PyTorch for multi-GPU training, run as a non-root user with gpuprov's
 # What each shipped image must be. Versions: a PyTorch CUDA 12 wheel bundles its CUDA runtime, which runs on any driver
 # from 525.60.13 (CUDA release notes and "CUDA Compatibility", minor version compatibility of CUDA 12.x); NGC PyTorch
 # 24.05 is CUDA 12.4.1, cuDNN 9.1.0.70, NCCL 2.21.5, PyTorch 2.4.0a0+07cecf4168 and 25.01 CUDA 12.8.0 with PyTorch
-# 2.6.0a0+ecf3bae40a (NGC release notes); torch 2.8.0 requires nvidia-nccl-cu12==2.27.3.
+# 2.6.0a0+ecf3bae40a (NGC release notes); torch 2.8.0 requires nvidia-nccl-cu12==2.27.3. An image on a CUDA base starts
+# from NVIDIA's plain nvidia/cuda:X-base image (cuda-cudart and cuda-compat only, dist/X/ubuntu2404/base/Dockerfile):
+# torch's nvidia-*-cu12 wheels bring CUDA's libraries and cuDNN.
 EXPECTED = {
     "cuda-onnxruntime-infer": (
-        "nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04",
+        "nvidia/cuda:12.8.1-base-ubuntu24.04",
         stack_labels("cuda-onnxruntime-infer", "2.8.0-cu128-infer", "ONNX Runtime GPU on nvidia/cuda for inference "
                      "servers", "infer", "2.8.0+cu128", "12.8.1", "9", "2.27.3", "525.60.13")),
     "cuda-pytorch-train-2.8.0-cu128": (
-        "nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04",
+        "nvidia/cuda:12.8.1-base-ubuntu24.04",
         stack_labels("cuda-pytorch-train", "2.8.0-cu128-train", TRAIN, "train", "2.8.0+cu128", "12.8.1", "9",
                      "2.27.3", "525.60.13")),
     "cuda-pytorch-train-2.8.0-cu129": (
-        "nvidia/cuda:12.9.1-cudnn-runtime-ubuntu24.04",
+        "nvidia/cuda:12.9.1-base-ubuntu24.04",
         stack_labels("cuda-pytorch-train", "2.8.0-cu129-train", TRAIN, "train", "2.8.0+cu129", "12.9.1", "9",
                      "2.27.3", "525.60.13")),
     "lab-pytorch-cpu": (
@@ -122,10 +124,13 @@ EXPECTED = {
 INSTALLS = {
     "cuda-onnxruntime-infer": ["--index-url https://download.pytorch.org/whl/cu128", "torch==2.8.0+cu128",
                                "nvidia-nccl-cu12==2.27.3", "python3=3.12.3-0ubuntu2", "onnxruntime-gpu==1.22.0",
-                               "python3-minimal=3.12.3-0ubuntu2", "libpython3-stdlib=3.12.3-0ubuntu2"],
+                               "python3-minimal=3.12.3-0ubuntu2", "libpython3-stdlib=3.12.3-0ubuntu2",
+                               "python3-dev=3.12.3-0ubuntu2", "gcc=4:13.2.0-7ubuntu1"],
     "cuda-pytorch-train-2.8.0-cu128": ["--index-url https://download.pytorch.org/whl/cu128", "torch==2.8.0+cu128",
                                        "nvidia-nccl-cu12==2.27.3", "python3-venv=3.12.3-0ubuntu2",
-                                       "python3-minimal=3.12.3-0ubuntu2", "libpython3-stdlib=3.12.3-0ubuntu2"],
+                                       "python3-minimal=3.12.3-0ubuntu2", "libpython3-stdlib=3.12.3-0ubuntu2",
+                                       "python3-dev=3.12.3-0ubuntu2", "gcc=4:13.2.0-7ubuntu1",
+                                       "libibverbs1=50.0-2build2", "ibverbs-providers=50.0-2build2"],
     "cuda-pytorch-train-2.8.0-cu129": ["--index-url https://download.pytorch.org/whl/cu129", "torch==2.8.0+cu129",
                                        "nvidia-nccl-cu12==2.27.3"],
     "lab-pytorch-cpu": ["--no-index", "torch==2.13.0+cpu"],
@@ -203,7 +208,7 @@ def test_the_context_holds_the_smoke_suite_and_its_entry_point(rendered):
                for name in suite)
     assert os.access(folder / "gpuprov-smoke", os.X_OK)
     assert "exec python3 -m smoke" in (folder / "gpuprov-smoke").read_text()
-    copies = instructions(folder / "Dockerfile", "COPY")
+    copies = [copy for copy in instructions(folder / "Dockerfile", "COPY") if not copy.startswith("--from=")]
     assert copies == ["smoke/ /opt/gpuprov/smoke/", "gpuprov-smoke /usr/local/bin/gpuprov-smoke"]
     assert sorted(path.name for path in folder.iterdir()) == ["Dockerfile", "gpuprov-smoke", "smoke"]
 
@@ -255,7 +260,7 @@ def test_a_digest_pins_the_base_and_a_ca_file_is_trusted(tmp_path):
     [image] = load_spec(path)
     folder = render(image, output=tmp_path / "out").folder
     parsed = DockerfileParser(str(folder / "Dockerfile"))
-    assert parsed.baseimage == f"nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04@{digest}"
+    assert parsed.baseimage == f"nvidia/cuda:12.8.1-base-ubuntu24.04@{digest}"
     assert (folder / "extra-ca.crt").read_bytes() == ca.read_bytes()
     assert instructions(folder / "Dockerfile", "COPY")[0] == ("extra-ca.crt /usr/local/share/ca-certificates/"
                                                               "gpuprov-extra-ca.crt")

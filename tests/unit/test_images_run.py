@@ -14,7 +14,15 @@ from invoke import Config, Context
 from invoke.exceptions import Exit
 
 from gpuprov.errors import GpuprovError, InputError
-from gpuprov.images.run import RunVars, check_container, check_driver, docker_run_argv, run_vars, shell_line
+from gpuprov.images.run import (
+    RunVars,
+    check_container,
+    check_driver,
+    docker_run_argv,
+    has_rdma,
+    run_vars,
+    shell_line,
+)
 from gpuprov.inventory import load_inventory
 from gpuprov.stack.check import image_mismatches
 from gpuprov.stack.lock import load_lock, locked_images, write_lock
@@ -48,6 +56,63 @@ def test_a_sized_shm_a_memlock_limit_detached_and_no_gpus():
                            settings=RunVars(shm_size="64g", memlock=8388608), command=[])
     assert argv == ["docker", "run", "--detach", "--name", "job", "--shm-size=64g", "--ulimit", "memlock=8388608",
                     "--ulimit", "stack=67108864", "r/x:1"]
+
+
+def test_a_host_with_rdma_devices_gives_them_and_ipc_lock_to_the_container():
+    # Docker's run reference: --device adds a host device, --cap-add=IPC_LOCK lets the job lock (register) the memory
+    # RDMA reads and writes; NVIDIA's NCCL and MOFED container guides pass /dev/infiniband and IPC_LOCK
+    argv = docker_run_argv("r/x:1", container="job", gpus=True, detach=False, settings=RunVars(), command=[],
+                           rdma=True)
+    assert argv == ["docker", "run", "--rm", "--name", "job", "--gpus", "all", "--device=/dev/infiniband",
+                    "--cap-add=IPC_LOCK", "--ipc=host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
+                    "r/x:1"]
+
+
+def test_memlock_null_keeps_the_engines_own_limit(tmp_path):
+    settings = run_vars(host_with(tmp_path, "images: {memlock: null}\n"))
+    assert settings.memlock is None
+    argv = docker_run_argv("r/x:1", container="job", gpus=False, detach=False, settings=settings, command=[])
+    assert argv == ["docker", "run", "--rm", "--name", "job", "--ipc=host", "--ulimit", "stack=67108864", "r/x:1"]
+
+
+def test_the_lab_inventory_carries_what_lab_hosts_need_for_images_run(tmp_path):
+    # lab hosts are containers without CAP_SYS_RESOURCE: their engine cannot grant `--ulimit memlock=-1` (the lab
+    # test shows runc's "error setting rlimit type 8"), so the lab's own inventory keeps the engine's limit
+    from gpuprov.lab.state import LabHost, LabPaths, render_inventory
+
+    paths = LabPaths(tmp_path)
+    paths.key.parent.mkdir(parents=True)
+    paths.key.write_text("key")
+    paths.inventory.parent.mkdir(parents=True, exist_ok=True)
+    paths.inventory.write_text(render_inventory([LabHost("gpuprov-lab-01", "hgx-h100", 42201, "172.20.0.2", "c1",
+                                                         {"gpu": "H100-SXM", "count": 8})], paths))
+    [host] = load_inventory(paths.inventory).select(hosts=["gpuprov-lab-01"], groups=[], all_=False)
+    settings = run_vars(host)
+    assert settings.memlock is None
+    assert "memlock" not in " ".join(docker_run_argv("r/x:1", container="job", gpus=True, detach=False,
+                                                     settings=settings, command=[]))
+
+
+class Listing:
+    """A connection whose `ls` of /dev/infiniband prints what a host has."""
+
+    def __init__(self, rc: int, stdout: str):
+        self.rc, self.stdout, self.commands = rc, stdout, []
+
+    def run(self, command, **kwargs):
+        self.commands.append(command)
+        return type("Result", (), {"rc": self.rc, "stdout": self.stdout, "stderr": ""})()
+
+
+@pytest.mark.parametrize(("rc", "stdout", "expected"), [
+    (0, "rdma_cm\numad0\nuverbs0\nissm0\n", True),     # a ConnectX port: rdma-core's device files
+    (0, "rdma_cm\n", False),                           # the RDMA CM without a verbs device
+    (2, "", False),                                     # no /dev/infiniband
+])
+def test_rdma_devices_are_what_the_host_lists_under_dev_infiniband(rc, stdout, expected):
+    conn = Listing(rc, stdout)
+    assert has_rdma(conn) is expected
+    assert conn.commands == ["ls -A /dev/infiniband 2>/dev/null"]
 
 
 @given(st.lists(st.text(alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",))),
@@ -102,8 +167,8 @@ def test_the_hosts_images_variables_and_data_dir_are_read(tmp_path):
                                               "host:5000, not 'http://r:5000'"),
     ("images: {shm_size: 64GB}\n", "variable images.shm_size (group:hgx): must be a size like 64g (digits, then b, k, "
                                    "m or g), not '64GB'"),
-    ("images: {memlock: 0}\n", "variable images.memlock (group:hgx): must be a number of bytes, or -1 for "
-                               "unlimited, not 0"),
+    ("images: {memlock: 0}\n", "variable images.memlock (group:hgx): must be a number of bytes, -1 for "
+                               "unlimited, or null for the engine's own limit, not 0"),
     ("images: {output_dir: out}\n", "variable images.output_dir (group:hgx): must be an absolute path other than / "
                                     "(letters, digits, _ . + @ / -), not 'out'"),
     ("data_dir: '/data/../etc'\n", "variable data_dir (group:hgx): must be an absolute path other than / (letters, "

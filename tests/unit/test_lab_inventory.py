@@ -14,7 +14,7 @@ HOSTS = [
     LabHost("gpuprov-lab-01", "hgx-h100", 42201, "172.20.0.2", "c1", {"gpu": "H100-SXM", "count": 8,
                                                                       "nvswitch": True}),
     LabHost("gpuprov-lab-02", "l40s", 42202, "172.20.0.3", "c2", {"gpu": "L40S", "count": 4,
-                                                                  "nvswitch": False}),
+                                                                  "nvswitch": False}, release="trixie"),
 ]
 
 
@@ -30,8 +30,9 @@ def test_inventory_document(tmp_path):
     host = doc["hosts"]["gpuprov-lab-01"]
     assert host == {"address": "127.0.0.1", "port": 42201, "groups": ["lab", "hgx-h100"],
                     "vars": {"hardware": {"gpu": "H100-SXM", "count": 8, "nvswitch": True},
-                             "lab": {"profile": "hgx-h100", "internal_ip": "172.20.0.2"},
+                             "lab": {"profile": "hgx-h100", "internal_ip": "172.20.0.2", "release": "bookworm"},
                              "cluster_address": "172.20.0.2", "monitoring_address": "172.20.0.2"}}
+    assert doc["hosts"]["gpuprov-lab-02"]["vars"]["lab"]["release"] == "trixie"
     assert set(doc["groups"]) == {"lab", "hgx-h100", "l40s"}
     # the HGX profile's group asks for Docker (profiles.yaml); the L40S one does not
     assert doc["groups"]["hgx-h100"] == {"vars": {"container_engine": "docker"}}

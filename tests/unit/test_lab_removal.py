@@ -196,6 +196,6 @@ def test_up_replaces_a_host_the_engine_is_removing_instead_of_starting_it(tmp_pa
     monkeypatch.setattr(hosts, "wait_ready", lambda *_: "running")
     monkeypatch.setattr(hosts, "host_from_container", lambda container: container.name)
     monkeypatch.setattr(hosts, "write_files", lambda *_: None)
-    ready = hosts.reconcile(client, [profile], "gpuprov-lab/host:abc", paths, lambda _: None)
+    ready = hosts.reconcile(client, [profile], {"bookworm": "gpuprov-lab/host:abc"}, paths, lambda _: None)
     assert len(stale.removals) == 2 and not stale.started
     assert created == [1] and ready == ["gpuprov-lab-01"]

@@ -16,6 +16,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -174,6 +175,19 @@ MODULES = {
         def burn(ctx):
             return Result("test.burnin", "pass", "burn-in only")
     """,
+    "soak.py": """
+        import time
+
+        from .core import Result, check
+
+        def soak_seconds(config):
+            return float(config.get("burn_in_seconds") or 0) if config.get("level") == "burn-in" else 0.0
+
+        @check("test.soak", timeout=1, levels=("burn-in",), load=soak_seconds)
+        def run(ctx):
+            time.sleep(soak_seconds(ctx.config) + ctx.config.get("overrun_s", 0))
+            return Result("test.soak", "pass", "soaked")
+    """,
 }
 
 
@@ -250,6 +264,56 @@ def test_level_from_the_command_line_and_only(tmp_path):
     assert by_check["test.fine"]["figures"] == {"level": "burn-in"}
     assert by_check["test.burnin"]["status"] == "pass"
     assert proc.returncode == 1  # import:broken is always reported
+
+
+def test_a_burn_in_of_any_length_is_not_cut_by_the_checks_timeout(tmp_path):
+    """A check with a load of its own (perf.matmul's burn-in) gets the config's burn-in time on top of its timeout:
+    a 3 s soak under a 1 s timeout passes; one that overruns its soak is still killed, at 1 + 3 s."""
+    root = plain_suite(tmp_path)
+    config = {"host": "h", "level": "burn-in", "burn_in_seconds": 3}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    listing = subprocess.run([sys.executable, "-m", "smoke", "--config", str(tmp_path / "config.json"), "--list"],
+                             cwd=root, capture_output=True, text=True, timeout=120)
+    assert "test.soak\ttimeout 4 s\tlevels burn-in" in listing.stdout.splitlines()
+    out, _ = start_plain(root, config, "--only", "test.soak").communicate(timeout=120)
+    (soak,) = [r for r in json.loads(out)["results"] if r["check"] == "test.soak"]
+    assert (soak["status"], soak["reason"]) == ("pass", "soaked") and soak["seconds"] >= 3
+    out, _ = start_plain(root, {**config, "overrun_s": 30}, "--only", "test.soak").communicate(timeout=120)
+    (soak,) = [r for r in json.loads(out)["results"] if r["check"] == "test.soak"]
+    assert soak["status"] == "fail" and soak["reason"].startswith("timed out after 4 s")
+
+
+def test_perf_matmul_is_given_the_burn_in_it_advertises():
+    """The burn-in time the inventory sets (validate.burn_in_seconds, up to a year) is added to perf.matmul's
+    own 300 s; the suite's default burn-in is a minute; quick adds nothing."""
+    runner.discover()
+    matmul = REGISTRY["perf.matmul"]
+    assert matmul.timeout_for({"level": "quick", "burn_in_seconds": 1800}) == 300
+    assert matmul.timeout_for({"level": "burn-in", "burn_in_seconds": 1800}) == 300 + 1800
+    assert matmul.timeout_for({"level": "burn-in"}) == 300 + 60
+
+
+def test_the_controller_waits_for_the_burn_in_too():
+    """validate's wait for the whole suite on a host grows by the burn-in the host's config asks."""
+    from gpuprov.validation.suite import TIMEOUTS, run_suite
+    from gpuprov.validation.suite_config import load_seconds
+
+    assert load_seconds({"level": "burn-in", "burn_in_seconds": 1800}) == 1800
+    assert load_seconds({"level": "burn-in"}) == 60
+    assert load_seconds({"level": "quick", "burn_in_seconds": 1800}) == 0
+    asked = {}
+
+    class Remote:
+        name = "gpu01"
+
+        def run(self, command, **options):
+            asked.update(options)
+            return SimpleNamespace(stdout=json.dumps({"schema": 1, "results": []}), stderr="", rc=0,
+                                   shown_command=lambda: command)
+
+    run_suite(Remote(), "python -m smoke", "burn-in", None, load_seconds({"level": "burn-in",
+                                                                          "burn_in_seconds": 1800.5}))
+    assert asked["timeout"] == TIMEOUTS["burn-in"] + 1801
 
 
 def test_terminating_the_runner_kills_the_running_check(tmp_path):
@@ -355,3 +419,10 @@ def test_a_runner_that_loaded_the_cuda_driver_runs_checks_in_fresh_interpreters(
     # a fork would have inherited the mapping; a fresh interpreter (still the runner's child) has none
     assert fresh["status"] == "pass" and fresh["figures"] == {"driver_here": False, "runner": proc.pid}, err
     assert "fresh interpreters (the runner loaded the CUDA driver)" in err
+
+
+def test_the_controller_waits_longer_at_burn_in_than_the_longest_dcgm_diagnostic():
+    from gpuprov.smoke.tools_dcgm import TIMEOUT_FOR
+    from gpuprov.validation.suite import TIMEOUTS
+
+    assert TIMEOUTS["burn-in"] > max(TIMEOUT_FOR.values()) + 600

@@ -356,7 +356,7 @@ def test_matmul_on_cpu_is_measured_and_not_judged():
     result = run(perf_matmul, {"expected": H100_SXM})
     assert result.status == "skip"
     assert result.reason.startswith("no GPU: measured on CPU, not judged against the datasheet (CPU (1 thread), "
-                                    "1024x1024 matmul: bf16 ")
+                                    "512x512 matmul: bf16 ")
     for figure in ("bf16_tflops", "fp16_tflops", "fp32_tflops"):
         assert result.figures[figure] > 0
     assert "pct_of_expected" not in result.figures

@@ -249,3 +249,43 @@ def test_the_threshold_is_a_share_of_the_expected_figure(inventory):
     assert config["expected"]["bf16_tflops"] == 252.0 and config["datasheet"]["bf16_tflops"] == 362.05
     assert config["expected_basis"]["allreduce_busbw_gbs"].startswith("fallback")
     assert config["expected"]["allreduce_busbw_gbs"] == config["expected"]["h2d_gbs"]
+
+
+# ------------------------------------------------------------------ an OS gpuprov has no stack data for
+
+BULLSEYE = {"os": {"id": "debian", "version_id": "11", "pretty_name": "Debian GNU/Linux 11 (bullseye)", "key": None}}
+
+
+def _bullseye_host(tmp_path, validate: str):
+    path = tmp_path / "inventory.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        hosts:
+          old-node:
+            address: 10.0.0.9
+            vars:
+              hardware: {{gpu: H100-SXM, count: 8, nvswitch: true}}
+              {validate}
+        """))
+    return load_inventory(path).host("old-node")
+
+
+def test_a_host_on_an_os_without_stack_data_must_name_its_torch_wheel(tmp_path):
+    from gpuprov.validation.host import RunOptions, _stack
+
+    host = _bullseye_host(tmp_path, "workload: llm-finetune")
+    with pytest.raises(InputError) as caught:
+        _stack(host, BULLSEYE, validate_vars(host), RunOptions(locks_dir=tmp_path / "locks"))
+    assert caught.value.host == "old-node" and caught.value.step == "stack.resolve"
+    assert "no stack data for Debian GNU/Linux 11 (bullseye)" in caught.value.message
+    assert "validate.torch_wheel" in caught.value.hint
+
+
+def test_a_host_on_an_os_without_stack_data_is_validated_without_a_stack(tmp_path):
+    from gpuprov.validation.host import RunOptions, _stack
+
+    host = _bullseye_host(tmp_path, "validate: {torch_wheel: cu128}")
+    stack, lock, notices = _stack(host, BULLSEYE, validate_vars(host), RunOptions(locks_dir=tmp_path / "locks"))
+    assert (stack, lock) == (None, None)
+    assert notices == ["gpuprov has no stack data for Debian GNU/Linux 11 (bullseye) (its stacks cover ubuntu-22.04, "
+                       "ubuntu-24.04, debian-12, rhel-9, rocky-9): the suite runs with validate.torch_wheel cu128 and "
+                       "judges no driver or CUDA version against a stack"]

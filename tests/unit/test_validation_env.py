@@ -8,8 +8,10 @@ judges of what root may run are the file system (real owners and modes) and pip'
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -25,12 +27,19 @@ from gpuprov.errors import GpuprovError
 from gpuprov.validation import Layout
 from gpuprov.validation.env import (
     MANIFEST,
+    CompilerPlan,
     HostPython,
+    Toolchain,
     Wheelhouse,
+    compiler_plan,
+    compiler_wanted,
+    ensure_compiler,
     ensure_env,
+    env_plan,
     install_script,
     load_wheelhouse,
     pip_download_commands,
+    plan_lines,
     probe_host,
     request_for,
     wheel_pin,
@@ -381,3 +390,258 @@ def test_an_incomplete_wheelhouse_is_not_used(tmp_path):
     assert load_wheelhouse(folder) is not None
     os.remove(folder / "gpuprov_probe-1.0-py3-none-any.whl")
     assert load_wheelhouse(folder) is None
+
+
+# ------------------------------------------------------------------------------- torch.compile's toolchain
+
+DEBIAN_12 = Toolchain(os_id="debian", managers=("apt-get",), include="/usr/include/python3.11")
+UBUNTU_2204 = Toolchain(os_id="ubuntu", os_like="debian", managers=("apt-get",), include="/usr/include/python3.10",
+                        cc="/usr/bin/gcc", cxx="/usr/bin/g++")
+ROCKY_9 = Toolchain(os_id="rocky", os_like="rhel centos fedora", managers=("dnf", "yum"),
+                    include="/usr/include/python3.9", rpm="python3")
+RHEL_9_PY311 = Toolchain(os_id="rhel", os_like="fedora", managers=("dnf",), include="/usr/include/python3.11",
+                         rpm="python3.11", cc="/usr/bin/gcc")
+
+
+def host_python(version: str, toolchain: Toolchain) -> HostPython:
+    return HostPython(f"/usr/bin/python{version}", version, "x86_64", "2.36", toolchain=toolchain)
+
+
+# The packages each distribution names for g++, gcc and the headers of its interpreters (Debian's and Ubuntu's
+# archives: g++, gcc, python3.X-dev holding /usr/include/python3.X/Python.h; RHEL 9 / Rocky 9 AppStream: gcc-c++,
+# gcc, python3-devel for the platform python3 (3.9) and python3.11-devel for the python3.11 package).
+@pytest.mark.parametrize("python,missing,packages,command", [
+    (host_python("3.11", DEBIAN_12), ("g++", "gcc", "Python.h"), ("g++", "gcc", "python3.11-dev"),
+     "DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=300 install --no-install-recommends "
+     "g++ gcc python3.11-dev"),
+    (host_python("3.10", UBUNTU_2204), ("Python.h",), ("python3.10-dev",),
+     "DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=300 install --no-install-recommends "
+     "python3.10-dev"),
+    (host_python("3.9", ROCKY_9), ("g++", "gcc", "Python.h"), ("gcc-c++", "gcc", "python3-devel"),
+     "dnf -q -y install --setopt=install_weak_deps=False gcc-c++ gcc python3-devel"),
+    (host_python("3.11", RHEL_9_PY311), ("g++", "Python.h"), ("gcc-c++", "python3.11-devel"),
+     "dnf -q -y install --setopt=install_weak_deps=False gcc-c++ python3.11-devel"),
+], ids=["debian-12", "ubuntu-22.04", "rocky-9", "rhel-9-python3.11"])
+def test_the_compiler_plan_names_each_distributions_packages(python, missing, packages, command):
+    plan = compiler_plan(python)
+    assert (plan.missing, plan.packages, plan.command, plan.refused) == (missing, packages, command, "")
+
+
+def test_a_complete_toolchain_plans_nothing_and_yum_serves_older_rhel():
+    complete = dataclasses.replace(UBUNTU_2204, headers=True)
+    assert compiler_plan(host_python("3.10", complete)) == CompilerPlan()
+    centos = dataclasses.replace(ROCKY_9, managers=("yum",))
+    assert compiler_plan(host_python("3.9", centos)).command.startswith("yum -q -y install ")
+
+
+@pytest.mark.parametrize("toolchain,why", [
+    (Toolchain(os_id="alpine", include="/usr/include/python3.12"),
+     "gpuprov installs compilers with apt-get on Debian/Ubuntu and dnf or yum on RHEL-like systems; this host is "
+     "alpine with none of them"),
+    (dataclasses.replace(ROCKY_9, rpm=None),
+     "/usr/bin/python3.9 belongs to no rpm package, so no -devel package has its Python.h (wanted in "
+     "/usr/include/python3.9)"),
+    (dataclasses.replace(DEBIAN_12, os_id="arch", managers=()),
+     "gpuprov installs compilers with apt-get on Debian/Ubuntu and dnf or yum on RHEL-like systems; this host is "
+     "arch with none of them"),
+])
+def test_a_host_whose_package_manager_cannot_install_them_is_refused_with_the_reason(toolchain, why):
+    plan = compiler_plan(host_python(toolchain.include.rsplit("python", 1)[1], toolchain))
+    assert plan.refused == why and plan.packages == () and plan.command == ""
+
+
+@pytest.mark.parametrize("only,wanted", [
+    (None, True), (("train",), True), (("infer.parity",), True), (("host", "train.compile"), True),
+    (("host",), False), (("train.cnn", "perf"), False), (("infer.latency",), False),
+])
+def test_the_compiler_is_wanted_only_when_a_compile_check_runs(only, wanted):
+    assert compiler_wanted(only) is wanted
+
+
+class ScriptedConn(LocalConn):
+    """Commands matching a key of `answers` get its (rc, stderr) in turn; every other command runs for real."""
+
+    def __init__(self, answers: dict[str, list[tuple[int, str]]]):
+        super().__init__()
+        self.answers = answers
+        self.scripted: list[str] = []
+
+    def run(self, command, *, sudo=False, timeout=None, stdin=None):
+        for key, replies in self.answers.items():
+            if key in command:
+                self.scripted.append(command)
+                rc, err = replies.pop(0)
+                return Result(command, rc, "", err, 0.0)
+        return super().run(command, sudo=sudo, timeout=timeout, stdin=stdin)
+
+
+def test_the_compiler_is_installed_once_and_checked_where_torch_looks(tmp_path):
+    layout = Layout(root=str(tmp_path / "opt"))
+    os.makedirs(layout.root, mode=0o755)
+    conn = ScriptedConn({"apt-get": [(0, "")]})
+    done = ensure_compiler(Remote(conn), host_python("3.11", DEBIAN_12), layout)
+    assert done["installed"] == ["g++", "gcc", "python3.11-dev"] and done["refused"] == ""
+    [install] = conn.scripted
+    # what is checked after the install is what TorchInductor uses: g++ and gcc on the system PATH, Python.h in the
+    # interpreter's include folder
+    assert "command -v g++" in install and "test -f /usr/include/python3.11/Python.h" in install
+    cache = os.stat(f"{layout.root}/cache")
+    assert (cache.st_uid, oct(cache.st_mode & 0o777)) == (0, "0o700")
+    # the next run finds everything (probed again) and installs nothing
+    conn = ScriptedConn({"apt-get": []})
+    again = ensure_compiler(Remote(conn), host_python("3.11", dataclasses.replace(
+        DEBIAN_12, cc="/usr/bin/gcc", cxx="/usr/bin/g++", headers=True)), layout)
+    assert again["installed"] == [] and again["missing"] == [] and conn.scripted == []
+
+
+def test_packages_no_source_offers_are_looked_for_once_more_then_refused_with_apts_words(tmp_path):
+    layout = Layout(root=str(tmp_path / "opt"))
+    os.makedirs(layout.root, mode=0o755)
+    missing = "E: Unable to locate package python3.11-dev"
+    conn = ScriptedConn({"apt-get -q -o DPkg::Lock::Timeout=300 update": [(0, "")],
+                         "install --no-install-recommends": [(100, missing), (100, missing)]})
+    said = []
+    done = ensure_compiler(Remote(conn), host_python("3.11", DEBIAN_12), layout, say=said.append)
+    assert [c.split("\n")[1] if "\n" in c else c for c in conn.scripted] == [
+        "DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=300 install --no-install-recommends "
+        "g++ gcc python3.11-dev", "apt-get -q -o DPkg::Lock::Timeout=300 update",
+        "DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=300 install --no-install-recommends "
+        "g++ gcc python3.11-dev"]
+    assert done["installed"] == [] and done["refused"].endswith(f"failed (exit 100): {missing}")
+    assert said[-1] == f"torch.compile's toolchain not installed: {done['refused']}"
+
+
+def test_a_refused_plan_runs_no_package_manager(tmp_path):
+    layout = Layout(root=str(tmp_path / "opt"))
+    os.makedirs(layout.root, mode=0o755)
+    conn = ScriptedConn({"apt-get": [], "dnf": [], "yum": []})
+    done = ensure_compiler(Remote(conn), host_python("3.12", Toolchain(os_id="alpine")), layout)
+    assert done["refused"].startswith("gpuprov installs compilers with apt-get") and done["installed"] == []
+    assert conn.scripted == []
+
+
+def test_the_probe_reports_this_machines_toolchain_as_its_own_tools_see_it(tmp_path):
+    python = probe_host(Remote(LocalConn()), Layout(root=str(tmp_path / "opt")))
+    tools = python.toolchain
+    path = "/usr/sbin:/usr/bin:/sbin:/bin"
+    assert tools.cxx == shutil.which("g++", path=path) and tools.cc == (shutil.which("gcc", path=path)
+                                                                       or shutil.which("cc", path=path))
+    config = shutil.which(f"python{python.version}-config", path=path)
+    if config:   # the distribution's own answer to "where are this Python's headers"
+        includes = subprocess.run([config, "--includes"], capture_output=True, text=True, check=True).stdout.split()
+        assert f"-I{tools.include}" in includes
+    assert tools.headers == os.path.isfile(os.path.join(tools.include, "Python.h"))
+    release = dict(line.split("=", 1) for line in Path("/etc/os-release").read_text().splitlines() if "=" in line)
+    assert tools.os_id == release["ID"].strip('"')
+    assert ("apt-get" in tools.managers) == bool(shutil.which("apt-get", path=path))
+
+
+def test_the_venv_is_byte_compiled_and_its_phases_timed(tmp_path):
+    layout = Layout(root=str(tmp_path / "opt"))
+    remote = Remote(LocalConn())
+    done = ensure_env(remote, probe_host(remote, layout), tiny_wheelhouse(tmp_path / "set"), layout)
+    assert set(done["seconds"]) == {"stage", "upload", "install"} and all(v >= 0 for v in done["seconds"].values())
+    compiled = list(Path(layout.venv).glob("lib/python*/site-packages/gpuprov_probe/__pycache__/__init__.*.pyc"))
+    assert len(compiled) == 1   # imports with -B read it: nothing compiled again on every run
+
+
+# ------------------------------------------------------------------ TorchInductor's cache, root's alone
+
+def test_torchinductor_keeps_kernels_only_in_a_folder_this_user_alone_can_change(tmp_path, monkeypatch):
+    import tempfile
+
+    from gpuprov.smoke.torchutil import private_cache
+
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TMPDIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    root = tmp_path / "opt"
+    (root / "cache").mkdir(parents=True, mode=0o700)
+    root.chmod(0o755)
+    with private_cache(str(root)) as folder:
+        assert folder == os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(root / "cache" / "torchinductor")
+        assert tempfile.gettempdir() == os.environ["TMPDIR"] == str(root / "cache")
+    (root / "cache").chmod(0o777)            # another user could plant kernels there: not used
+    with private_cache(str(root)) as folder:
+        private = tempfile.gettempdir()
+        assert not folder.startswith(str(root)) and folder == os.path.join(private, "torchinductor")
+        assert os.stat(private).st_mode & 0o077 == 0 and os.stat(private).st_uid == os.geteuid()
+    with private_cache(str(root)) as again:   # one folder per process: torch keeps its first header folder
+        assert again == folder
+    (root / "cache").chmod(0o700)
+    os.chown(root / "cache", 65534, -1)      # nobody's
+    with private_cache(str(root)) as folder:
+        assert not folder.startswith(str(root))
+
+
+def test_the_private_temporary_folder_is_gone_when_its_process_ends(tmp_path):
+    script = "\n".join([
+        "import os, sys, tempfile", "from gpuprov.smoke.torchutil import private_cache",
+        "with private_cache('/nonexistent'):", "    private = tempfile.gettempdir()",
+        "print(private, flush=True)", "pid = os.fork()",
+        "if pid == 0:", "    raise SystemExit(0)",      # the child's exit runs the inherited exit handlers
+        "os.waitpid(pid, 0)", "print(os.path.isdir(private))"])
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if k not in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR")})
+    private, kept_after_child = done.stdout.split()
+    assert done.returncode == 0, done.stderr
+    assert kept_after_child == "True"            # a forked child that ends leaves its parent's folder alone
+    assert not os.path.exists(private)           # gone once the process that made it ended
+
+
+@pytest.mark.skipif(not shutil.which("g++"), reason="no g++ here: torch.compile cannot run on the CPU")
+def test_two_compiles_in_one_process_share_its_private_folder():
+    """torch fixes its precompiled-header folder at its first compile: a second compile in the same process (two
+    compile checks run in one interpreter) must find it (it failed with `-include ...: No such file`)."""
+    pytest.importorskip("torch")
+    script = ("import torch\nfrom gpuprov.smoke.torchutil import private_cache\n"
+              "for n in (1, 2):\n    with private_cache('/nonexistent'):\n"
+              "        print(float(torch.compile(lambda x: (x.sin() * n).relu().sum())(torch.ones(8))))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                          env={k: v for k, v in os.environ.items() if k not in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [round(float(v), 4) for v in done.stdout.split()] == [round(8 * math.sin(1), 4), round(16 * math.sin(1), 4)]
+
+
+@pytest.mark.skipif(not shutil.which("g++"), reason="no g++ here: torch.compile cannot run on the CPU")
+def test_the_compile_checks_leave_nothing_in_the_shared_temporary_folder(tmp_path):
+    """torch builds /tmp/torchinductor_<user> from tempfile's folder and loads compiled kernels from it; the compile
+    checks must keep everything in a private folder: a shared temporary folder (here an empty TMPDIR) gets no file
+    (the runner's import of torch._dynamo, before any check, makes the empty folder only)."""
+    pytest.importorskip("torch")
+    shared = tmp_path / "shared-tmp"
+    shared.mkdir()
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"host": "local", "level": "quick", "expect": {}, "datasheet": {},
+                                  "gpus_visible": False}))
+    environment = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"} | {"TMPDIR": str(shared)}
+    done = subprocess.run([sys.executable, "-m", "gpuprov.smoke", "--config", str(config), "--only", "infer.parity"],
+                          capture_output=True, text=True, timeout=900, env=environment,
+                          cwd=Path(__file__).resolve().parents[2])
+    [found] = json.loads(done.stdout)["results"]
+    assert found["status"] == "pass" and found["figures"]["compared"] == ["compile", "onnx"], found["reason"]
+    assert [str(path) for path in shared.rglob("*") if not path.is_dir()] == []
+
+
+def test_the_dry_run_says_what_the_environment_step_would_do(tmp_path):
+    wheelhouse = tiny_wheelhouse(tmp_path / "set")
+    python = host_python("3.11", DEBIAN_12)
+    plan = env_plan(python, wheelhouse, None, Layout(root="/opt/gpuprov"))
+    assert plan["build"] is True and plan["wheels"] == 2
+    assert plan["compiler"]["packages"] == ["g++", "gcc", "python3.11-dev"]
+    assert plan_lines("gpu01", {"mode": "venv", "request": "cp311-x86_64", **plan}) == [
+        "gpu01: /opt/gpuprov/venv: build from 2 wheels (cp311-x86_64; root's wheelhouse takes the ones it lacks over "
+        "SFTP)",
+        "gpu01: torch.compile: install g++ gcc python3.11-dev: DEBIAN_FRONTEND=noninteractive apt-get -q -y -o "
+        "DPkg::Lock::Timeout=300 install --no-install-recommends g++ gcc python3.11-dev"]
+    built = dataclasses.replace(python, marker=wheelhouse.digest(python), toolchain=dataclasses.replace(
+        DEBIAN_12, cc="/usr/bin/gcc", cxx="/usr/bin/g++", headers=True))
+    again = env_plan(built, wheelhouse, ("train",))
+    assert plan_lines("gpu01", {"mode": "venv", "request": "k", **again}) == [
+        f"gpu01: /opt/gpuprov/venv: kept (built from this wheel set, {wheelhouse.digest(built)[:12]})",
+        "gpu01: torch.compile: g++, gcc and Python.h are there"]
+    assert "compiler" not in env_plan(python, wheelhouse, ("host",))   # no compile check selected: not asked
+    alpine = env_plan(host_python("3.12", Toolchain(os_id="alpine")), wheelhouse, None)
+    assert plan_lines("gpu02", {"mode": "venv", "request": "k", **alpine})[1] == (
+        "gpu02: torch.compile: cannot install g++, gcc, Python.h: gpuprov installs compilers with apt-get on "
+        "Debian/Ubuntu and dnf or yum on RHEL-like systems; this host is alpine with none of them")

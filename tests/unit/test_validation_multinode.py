@@ -26,6 +26,7 @@ from gpuprov.validation.host import HostValidation
 from gpuprov.validation.multinode import (
     Node,
     firewall_rules,
+    host_transport,
     nodes_for,
     parse_output,
     run_multinode,
@@ -186,7 +187,9 @@ def test_torchrun_command():
     assert "is_host=1" in first and "| nft -f - ||" in first and "exec " not in first.split("trap")[-1]
     image = torchrun_command(nodes[0], nodes, port=29400, rdzv_id="x", level="burn-in", image="nvcr.io/x:1")
     assert "docker run --rm --gpus all --ipc=host --network host --ulimit memlock=-1 --ulimit stack=67108864" in image
-    assert ' --user "$U:$G" $GA nvcr.io/x:1 python3 -B -m' in image and "U=$(id -u gpuprov-validate)" in image
+    assert ' --user "$U:$G" $GA $RDMA nvcr.io/x:1 python3 -B -m' in image and "U=$(id -u gpuprov-validate)" in image
+    for command_ in (first, image):   # NCCL's network is in its INFO lines; each host says its RDMA devices
+        assert "export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET; printf 'GPUPROV-RDMA " in command_
     assert "--iters 100" in image
 
 
@@ -292,3 +295,81 @@ def test_parse_output():
     assert parse_output(text.replace("75.0", "1e300")) is None
     assert parse_output(text.replace("16", "[1, 2]", 1)) is None
     assert parse_output("GPUPROV-MULTINODE " + "[" * 100000) is None
+
+
+# NCCL's lines as NCCL prints them: NVIDIA/nccl-tests#185 (IB over RoCE ports), NVIDIA/nccl#226 (an older NCCL
+# without an IB device: sockets)
+NCCL_IB = ("dgxh100-4:460770:460842 [0] NCCL INFO NET/IB : Using [0]mlx5_10:1/RoCE [1]mlx5_11:1/RoCE [RO]; OOB "
+           "enp220s0np0:11.1.128.136<0>\ndgxh100-4:460770:460842 [0] NCCL INFO Using network IB\n")
+NCCL_SOCKET = ("ip-172-31-12-21:45361:45361 [0] NCCL INFO NET/IB : No device found.\n"
+               "ip-172-31-12-210:45305:45305 [0] NCCL INFO NET/Socket : Using [0]ens3:172.31.12.210<0>\n")
+
+
+def stub(folder: Path, name: str, script: str) -> None:
+    (folder / name).write_text("#!/bin/sh\n" + script)
+    (folder / name).chmod(0o755)
+
+
+@pytest.mark.parametrize(("listing", "flags"), [
+    ("rdma_cm\nuverbs0\numad0", "<--device=/dev/infiniband><--cap-add=IPC_LOCK>"),   # a ConnectX port
+    ("", ""),                                                                      # no RDMA device
+])
+def test_an_image_run_gives_the_rdma_devices_and_ipc_lock_where_the_host_has_them(tmp_path, listing, flags):
+    """The shell decides from what `ls` lists under /dev/infiniband (ls here prints a host's listing; docker prints
+    its arguments); each host's probe line says its RDMA devices (/sys/class/infiniband)."""
+    stub(tmp_path, "docker", 'for a in "$@"; do printf "<%s>" "$a"; done\n')
+    stub(tmp_path, "ls", f'case "$1" in /dev/infiniband) printf "{listing}\\n";; '
+                         f'/sys/class/infiniband) [ -n "{listing}" ] && printf "mlx5_0\\nmlx5_1\\n";; esac\n')
+    nodes = [Node("gpu01", "127.0.0.1", 1, "cpu", True), Node("gpu02", "127.0.0.1", 1, "cpu", True)]
+    command = torchrun_command(nodes[1], nodes, port=29400, rdzv_id="x", level="quick", image="img:1", user="root")
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PATH": f"{tmp_path}:/usr/bin:/bin", "NCCL_IB_DISABLE": ""})
+    assert "<-e><NCCL_DEBUG><-e><NCCL_DEBUG_SUBSYS><-e><HOME=/tmp><--user><0:0>" in done.stdout
+    assert f"{flags}<img:1><python3>" in done.stdout
+    assert host_transport(done.stdout) == {"nccl_network": None, "ib_disabled": False, "rdma_reachable": bool(listing),
+                                           "rdma_devices": ["mlx5_0", "mlx5_1"] if listing else []}
+
+
+def scripted(outputs: dict):
+    """run_on_hosts for a run that reaches torchrun: every host joins, each torchrun prints `outputs[host]`."""
+    worker = {"world_size": 16, "backend": "nccl", "nodes": ["gpu01", "gpu02"], "size_bytes": 1 << 28,
+              "expected_sum": 136.0, "wrong_elements": 0, "algbw_gbs": 40.0, "busbw_gbs": 75.0, "uids": [999]}
+
+    def run_on_hosts(hosts_, work, settings, **kwargs):
+        import json
+
+        values = {"own": lambda h: {"own": True},
+                  "join": lambda h: {"joined": {"gpu02": "10.1.0.12"}} if h.name == "gpu01" else {"joined": True},
+                  "torchrun": lambda h: {"rc": 0, "output": outputs[h.name] + (
+                      f"GPUPROV-MULTINODE {json.dumps(worker)}\n" if h.name == "gpu01" else "")}}
+        return [Outcome(h, value=values[work.__name__](h)) for h in hosts_]
+
+    return run_on_hosts
+
+
+def two_gpu_nodes(outputs):
+    nodes = [Node("gpu01", "10.1.0.11", 8, "cuda", True), Node("gpu02", "10.1.0.12", 8, "cuda", True)]
+    return run_multinode(nodes, hosts("gpu01", "gpu02"), SETTINGS, jump_of=lambda h: None, port=29400,
+                         level="quick", run_on_hosts=scripted(outputs), user="gpuprov-validate")
+
+
+def test_a_host_with_rdma_devices_whose_nccl_fell_back_to_sockets_fails_the_run():
+    outcome = two_gpu_nodes({"gpu01": "GPUPROV-RDMA mlx5_10 mlx5_11 |2|\n" + NCCL_IB,
+                             "gpu02": "GPUPROV-RDMA mlx5_0 mlx5_1 |2|\n" + NCCL_SOCKET})
+    result = outcome["results"]["gpu02"]
+    assert result["status"] == "fail"
+    assert result["reason"].startswith("NCCL fell back to sockets (NET/Socket) on hosts with RDMA devices: gpu02 "
+                                       "(RDMA devices mlx5_0, mlx5_1, NCCL network Socket)")
+    assert (result["figures"]["nccl_network"], result["figures"]["rdma_devices"]) == ("Socket", ["mlx5_0", "mlx5_1"])
+    assert outcome["results"]["gpu01"]["figures"]["nccl_network"] == "IB"
+    assert outcome["summary"]["transport"]["gpu01"] == {"nccl_network": "IB", "rdma_devices": ["mlx5_10", "mlx5_11"],
+                                                        "rdma_reachable": True, "ib_disabled": False}
+
+
+def test_sockets_pass_where_no_host_has_rdma_devices_it_can_open_or_ib_was_turned_off():
+    outcome = two_gpu_nodes({"gpu01": "GPUPROV-RDMA mlx5_0 |0|\n" + NCCL_SOCKET,
+                             "gpu02": "GPUPROV-RDMA mlx5_0 |1|1\n" + NCCL_SOCKET})
+    result = outcome["results"]["gpu01"]
+    assert result["status"] == "pass", result["reason"]
+    assert result["reason"] == ("all-reduce over 2 nodes (16 processes, nccl, NCCL network Socket) correct; bus "
+                                "bandwidth 75.00 GB/s")
