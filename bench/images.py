@@ -166,7 +166,7 @@ def measure(copy: Path, rounds: int = REPEAT) -> dict:
     built_nothing = [[e["image"] for e in doc["images"] if not e["skipped"]] for _, doc in unchanged]
 
     # the same change twice, with another value each time, so that each tool starts from the same layer cache
-    spec = copy / "images" / f"{CHANGED}.yaml"
+    spec = copy / "gpuprov" / "images" / "specs" / f"{CHANGED}.yaml"
     original = spec.read_text(encoding="utf-8")
     change(spec, original)
     one, changed_doc = gpuprov_build("--changed-only", env=env, cwd=copy)

@@ -16,7 +16,7 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,6 @@ class Outcome:
     error: GpuprovError | None = None
     duration: float = 0.0
     skipped: bool = False
-    extra: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

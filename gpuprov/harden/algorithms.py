@@ -26,7 +26,6 @@ MODERN: dict[str, tuple[str, ...]] = {
 KINDS = tuple(MODERN)
 SSHD_KEYWORD = {"kex_algorithms": "KexAlgorithms", "ciphers": "Ciphers", "macs": "MACs",
                 "host_key_algorithms": "HostKeyAlgorithms"}
-SSH_QUERY = {"kex_algorithms": "kex", "ciphers": "cipher", "macs": "mac", "host_key_algorithms": "key-sig"}
 _PARAMIKO_LIST = {"kex_algorithms": "_preferred_kex", "ciphers": "_preferred_ciphers", "macs": "_preferred_macs",
                   "host_key_algorithms": "_preferred_keys"}
 # the host key type paramiko verifies (PKey.get_name()) -> the HostKeyAlgorithms that present such a key

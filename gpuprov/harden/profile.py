@@ -12,7 +12,6 @@ from typing import Any
 from gpuprov.errors import GpuprovError
 
 AREAS = ("firewall", "ssh", "updates", "system")
-APPLIED_AREAS = ("firewall", "ssh", "updates")
 OPERATORS = ("equals", "one_of", "subset_of", "contains_all", "contains")
 PROBES = ("sshd", "firewall", "apt_config", "package", "unit", "sysctl", "mount_options", "security_origin")
 FIREWALL_ASPECTS = ("live", "persisted", "input_policy", "output_policy", "published_guard", "others")

@@ -1,4 +1,10 @@
-"""Images: a matrix of NVIDIA PyTorch images from specs (`images/*.yaml`) and Jinja templates (`templates/`).
+"""Images: a matrix of NVIDIA PyTorch images from specs (`*.yaml`) and Jinja templates (`Dockerfile.j2`, `blocks/`).
+
+gpuprov ships its own specs and templates inside the package (gpuprov/images/specs/, gpuprov/images/templates/).
+The user's own are found from the working directory, the folder `invoke` or `gpuprov` runs in (beside its
+invoke.yaml), and take precedence as a whole: `./images/` when it holds a `*.yaml` replaces the shipped specs,
+`./templates/` when it holds `Dockerfile.j2` replaces the shipped templates. What images.* writes goes under the
+working directory too: build/images/ (contexts, records) and build/wheelhouse/ (the local bases' wheels).
 
 The modules, one job each:
     model     what one image (one matrix entry of a spec) is: base, versions, packages, user, environment
@@ -25,8 +31,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-PROJECT = Path(__file__).resolve().parents[2]
-SPECS = PROJECT / "images"
-TEMPLATES = PROJECT / "templates"
-OUTPUT = PROJECT / "build" / "images"
-WHEELHOUSE = PROJECT / "build" / "wheelhouse"
+PACKAGE = Path(__file__).resolve().parent
+SHIPPED_SPECS = PACKAGE / "specs"
+SHIPPED_TEMPLATES = PACKAGE / "templates"
+USER_SPECS = Path("images")           # these four are relative to the working directory
+USER_TEMPLATES = Path("templates")
+OUTPUT = Path("build") / "images"
+WHEELHOUSE = Path("build") / "wheelhouse"
+
+
+def specs_folder() -> Path:
+    """The user's `./images/` when it holds a spec (`*.yaml`), else the specs gpuprov ships."""
+    return USER_SPECS if any(USER_SPECS.glob("*.yaml")) else SHIPPED_SPECS
+
+
+def templates_folder() -> Path:
+    """The user's `./templates/` when it holds `Dockerfile.j2`, else the templates gpuprov ships."""
+    return USER_TEMPLATES if (USER_TEMPLATES / "Dockerfile.j2").is_file() else SHIPPED_TEMPLATES

@@ -1,5 +1,5 @@
 """docker-bake.json for buildx users: one target per rendered image (its context, tags and build-time labels) and
-a `default` group with all of them. Contexts are relative to the project's root, where `docker buildx bake -f
+a `default` group with all of them. Contexts are relative to the working directory, where `docker buildx bake -f
 build/images/docker-bake.json` runs (bake resolves them against the working directory)."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import re
 from pathlib import Path
 
 from gpuprov.errors import InputError
-from gpuprov.images import PROJECT
 from gpuprov.images.labels import Provenance, build_labels
 from gpuprov.images.render import Rendered
 from gpuprov.images.tags import image_tags
@@ -23,7 +22,7 @@ def target_name(image_id: str) -> str:
 
 
 def bake_document(rendered: list[Rendered], registry: str | None, provenance: Provenance,
-                  root: Path = PROJECT) -> dict:
+                  root: Path = Path(".")) -> dict:
     """The bake file's content, in JSON form."""
     targets = {}
     for item in rendered:

@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
+from jinja2.exceptions import SecurityError
+from jinja2.sandbox import SandboxedEnvironment
 
 from gpuprov.errors import InputError, literal
-from gpuprov.images import PROJECT
+from gpuprov.images import PACKAGE
 from gpuprov.images.labels import image_labels
 from gpuprov.images.model import Image
 from gpuprov.images.versions import driver_capabilities, require_cuda
@@ -61,12 +63,14 @@ class TemplateError(InputError):
     def __init__(self, errors: list[str]):
         self.errors = list(errors)
         super().__init__("\n".join(self.errors), step="images.render",
-                         hint="fix the template under templates/, then run: invoke images.render")
+                         hint="fix the template it names, then run: invoke images.render")
 
 
 def environment(templates: Path) -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates)), undefined=jinja2.StrictUndefined,
-                             autoescape=False, keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    """Jinja's sandbox: the templates may be the user's own (./templates/), data that reaches no Python object's
+    internals."""
+    env = SandboxedEnvironment(loader=jinja2.FileSystemLoader(str(templates)), undefined=jinja2.StrictUndefined,
+                               autoescape=False, keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(quoted=quoted, sh=shlex.quote, json=lambda value: json.dumps(list(value)))
     return env
 
@@ -87,6 +91,10 @@ def render_dockerfile(image: Image, files: ContextFiles, templates: Path) -> str
         where, line = _template_frame(exc, templates)
         raise TemplateError([problem_line(where, line, 1, "template",
                                           f"undefined variable: {exc.message} (rendering {image.id})")]) from None
+    except SecurityError as exc:
+        where, line = _template_frame(exc, templates)
+        raise TemplateError([problem_line(where, line, 1, "template",
+                                          f"refused by Jinja's sandbox: {exc} (rendering {image.id})")]) from None
 
 
 def _template_frame(exc: BaseException, templates: Path) -> tuple[Path, int]:
@@ -178,7 +186,8 @@ def _environment(image: Image) -> list[tuple[str, str]]:
 
 
 def _shown_path(path: Path) -> str:
-    try:
-        return Path(path).resolve().relative_to(PROJECT).as_posix()
-    except ValueError:
-        return literal(str(path))
+    """A shipped spec as gpuprov/images/specs/NAME (the same on every install), the user's relative to the working
+    directory."""
+    path = Path(path).resolve()
+    root = PACKAGE.parents[1] if path.is_relative_to(PACKAGE) else Path.cwd().resolve()   # gpuprov's parent
+    return path.relative_to(root).as_posix() if path.is_relative_to(root) else literal(str(path))

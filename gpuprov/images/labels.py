@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from gpuprov.images import PROJECT
 from gpuprov.images.model import Image
 
 OCI = "org.opencontainers.image."
@@ -61,8 +60,8 @@ def build_labels(context_hash: str, provenance: Provenance) -> dict[str, str]:
     return labels
 
 
-def provenance(root: Path = PROJECT) -> Provenance:
-    """The commit, its time and the origin remote of the checkout at `root`."""
+def provenance(root: Path = Path(".")) -> Provenance:
+    """The commit, its time and the origin remote of the checkout at `root` (the working directory's)."""
     revision = _git(root, "rev-parse", "HEAD")
     if revision and _git(root, "status", "--porcelain"):
         revision += "-dirty"

@@ -37,7 +37,7 @@ from gpuprov.images.model import Image
 from gpuprov.inventory.checks import output_file_problem
 from gpuprov.json_text import dump_json
 
-SMOKE_SOURCE = paths.PROJECT / "gpuprov" / "smoke"
+SMOKE_SOURCE = paths.PACKAGE.parent / "smoke"
 ENTRY_SCRIPT = "files/gpuprov-smoke"
 CA_NAME = "extra-ca.crt"
 WHEELS = "wheels"
@@ -70,11 +70,12 @@ class WheelsNotDownloaded(GpuprovError):
 
 def render(image: Image, output: Path | None = None, templates: Path | None = None, wheelhouse: Path | None = None,
            say: Callable[[str], None] = lambda what: None, download: bool = True) -> Rendered:
-    """Write the image's context to output/<id>/ and its record to output/<id>.json (by default the folders named
-    in gpuprov.images: build/images, templates, build/wheelhouse). An image on a local base downloads its wheels
-    when they are not there yet, unless `download` is False (WheelsNotDownloaded, before anything is written)."""
+    """Write the image's context to output/<id>/ and its record to output/<id>.json (by default the folders named in
+    gpuprov.images: build/images, the user's templates or the shipped ones, build/wheelhouse). An image on a local base
+    downloads its wheels when they are not there yet, unless `download` is False (WheelsNotDownloaded, before anything
+    is written)."""
     output = Path(output or paths.OUTPUT)
-    templates = Path(templates or paths.TEMPLATES)
+    templates = Path(templates or paths.templates_folder())
     wheelhouse = Path(wheelhouse or paths.WHEELHOUSE)
     problem = output_file_problem(output / f"{image.id}.json")
     if problem:  # checked before anything is written: a file where a folder goes, or a folder where a file does

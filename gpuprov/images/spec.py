@@ -14,7 +14,7 @@ raised together as one SpecError (exit 2). The keys:
                                       CUDA's libraries and cuDNN (`cudnn`: its major) come from PyTorch's
                                       nvidia-*-cu12 wheels, never twice; nccl-tests and nvbandwidth are built in a
                                       nvidia/cuda:X-devel-ubuntuR stage and copied in (gpuprov/data/cuda.yaml)
-      local: IMAGE, python: "3.11", glibc: "2.36"    an image on the engine, with the CPU wheel (the lab)
+      local: REPO:TAG, python: "3.11", glibc: "2.36"  an image on the engine, with the CPU wheel (the lab)
       digest: sha256:...              optional: the base pinned by digest
     pytorch: 2.8.0                    cuda and local bases
     nccl: 2.27.3                      optional: the NCCL build (cuda bases) or the NGC tag's (when the data lacks it)
@@ -75,9 +75,9 @@ class SpecError(InputError):
 
 
 def load_specs(folder: Path | None = None) -> list[Image]:
-    """Every image of every spec in `folder` (default: images/; *.yaml, by name); SpecError with the problems of
-    all of them."""
-    folder = Path(folder or paths.SPECS)
+    """Every image of every spec in `folder` (default: the user's ./images/, else the shipped specs:
+    gpuprov.images.specs_folder; *.yaml, by name); SpecError with the problems of all of them."""
+    folder = Path(folder or paths.specs_folder())
     files = sorted(folder.glob("*.yaml"))
     if not files:
         raise InputError(f"no image specs (*.yaml) in {literal(str(folder))}", step="images",

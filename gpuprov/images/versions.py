@@ -24,6 +24,7 @@ CUDNN_TAGS = {"8": "cudnn8", "9": "cudnn"}   # nvidia/cuda tags: 12.1.1-cudnn8-r
 FLAVORS = ("runtime", "devel")
 _RELEASE = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
 _MINOR = re.compile(r"[0-9]+\.[0-9]+")
+LOCAL_EXAMPLE = "registry.example/base:1.0"
 _IMAGE = re.compile(r"(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
@@ -100,23 +101,19 @@ def cuda(cuda_text: str, cudnn_text: str, ubuntu: str, flavor: str, pytorch_text
 
 
 def local(image: str, python: str, glibc: str, pytorch_text: str) -> tuple[str, Versions]:
-    """(the FROM image, the versions) of a local base with the CPU wheel of PyTorch from the controller's pip.
-    The lab's Debian base is named by its repository alone: its tag is the lab's recipe hash."""
-    from gpuprov.lab.images import base_tag
-    from gpuprov.lab.labels import BASE_REPO
-
+    """(the FROM image, the versions) of a local base (repository:tag, an image on the controller's engine) with
+    the CPU wheel of PyTorch from the controller's pip."""
     repository, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "")
     if not _IMAGE.fullmatch(repository) or (tag and not _TAG.fullmatch(tag)):
-        raise Problem("base.local", f"bad image name {image!r}: give repository:tag such as {BASE_REPO}")
-    if not tag and repository != BASE_REPO:
-        raise Problem("base.local", f"give the tag of {repository} (repository:tag), or pin it with base.digest; only "
-                                    f"the lab's base ({BASE_REPO}) is named without one")
+        raise Problem("base.local", f"bad image name {image!r}: give repository:tag such as {LOCAL_EXAMPLE}")
+    if not tag:
+        raise Problem("base.local", f"give the tag of {repository} (repository:tag), such as {repository}:1.0")
     for key, value in (("base.python", python), ("base.glibc", glibc)):
         if not _MINOR.fullmatch(value):
             raise Problem(key, f"bad version {value!r}: give major.minor such as "
                                f"{'3.11' if key == 'base.python' else '2.36'}")
     _, full = pytorch_release(pytorch_text)
-    return f"{repository}:{tag or base_tag().split(':')[1]}", Versions(pytorch=f"{full}+cpu", wheel="cpu")
+    return f"{repository}:{tag}", Versions(pytorch=f"{full}+cpu", wheel="cpu")
 
 
 def pytorch_release(text: str) -> tuple[str, str]:

@@ -22,7 +22,6 @@ from gpuprov.inventory.levels import INVALID
 from gpuprov.inventory.located import Located
 from gpuprov.inventory.settings import port_number
 
-HARDENING_VARS = ("cluster_cidrs", "monitoring_cidrs", "service_ports", "ssh_hardening")
 NETWORK_NAMES = ("monitoring", "cluster")
 ROOT_LOGIN = ("prohibit-password", "no")
 SERVICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")

@@ -26,7 +26,6 @@ from gpuprov.inventory.levels import INVALID
 from gpuprov.inventory.located import Located
 from gpuprov.inventory.model import is_valid_address
 
-MONITORING_VARS = ("monitoring_address", "monitoring", "cost")
 DCGM_EXPORTER_MODES = ("auto", "container", "service", "none")
 # an image repository: registry host[:port]/path, lower-case path components (the OCI distribution spec's names)
 IMAGE_REPOSITORY = re.compile(r"[a-z0-9.-]+(:[0-9]{1,5})?(/[a-z0-9]+([._-][a-z0-9]+)*)+")

@@ -17,14 +17,13 @@ from typing import Any
 from gpuprov.inventory.checks import NotRegular, private_key_problem, read_regular, url_problem
 from gpuprov.inventory.checks import network as checked_network
 from gpuprov.inventory.diagnostics import show, suggest, type_name
-from gpuprov.inventory.hardening import HARDENING_VARS, HardeningVariables
+from gpuprov.inventory.hardening import HardeningVariables
 from gpuprov.inventory.levels import INVALID, as_mapping, known_keys
 from gpuprov.inventory.located import Located
-from gpuprov.inventory.monitoring import MONITORING_VARS, MonitoringVariables
+from gpuprov.inventory.monitoring import MonitoringVariables
 from gpuprov.inventory.settings import local_path, port_number
 from gpuprov.stack.inputs import PinError, gpu_model, stack_pin
 
-KNOWN_VARS = ("hardware", "stack", "mirror", "firewall", "container_engine", *HARDENING_VARS, *MONITORING_VARS)
 CONTAINER_ENGINES = ("docker",)
 MAX_PUBLIC_BYTES = 1024 * 1024  # a CA bundle or an armored public key is far smaller
 _HEX40 = re.compile(r"[0-9A-Fa-f]{40}")

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuprov.digest import file_sha256
 from gpuprov.errors import GpuprovError, InputError
 from gpuprov.lab.state import LabPaths
 
@@ -111,14 +112,6 @@ def root_dir(paths: LabPaths) -> Path:
 
 def debs_dir(paths: LabPaths) -> Path:
     return root_dir(paths) / "debs"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def cache_key(image_id: str, suite: str, mirror: str, arch: str, names: tuple[str, ...] = DEBIAN_PACKAGES) -> str:
@@ -254,7 +247,7 @@ def ensure_debian_debs(paths: LabPaths, client, image: str, *, names: tuple[str,
             raise GpuprovError(f"apt-get download left no .deb for {name} {version}", step="lab mirror",
                                command=f"apt-get download {name}={version}", hint=f"look into {pool}")
         debs.append({"name": name, "version": version, "file": path.name, "size": path.stat().st_size,
-                     "sha256": _sha256(path)})
+                     "sha256": file_sha256(path)})
     home.mkdir(parents=True, exist_ok=True)
     (home / MANIFEST).write_text(json.dumps({"key": key, "image": image, "image_id": image_id, "suite": SUITE,
                                              "mirror": MIRROR, "arch": arch, "names": list(names), "debs": debs},

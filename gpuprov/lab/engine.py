@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuprov.errors import GpuprovError
+from gpuprov.lab.labels import LABEL
 
 DOCKERD_LOG = Path("/var/log/gpuprov-lab-dockerd.log")
 APT_PACKAGES = ("docker.io", "debootstrap")
@@ -25,6 +26,32 @@ def _client():
         return client
     except Exception:  # noqa: BLE001 - any failure here means "no engine answers"
         return None
+
+
+def container_of(host):
+    """The Docker container of a lab host: a LabHost (its container id), a container name or id, or a Container
+    itself (anything with `exec_run`)."""
+    if hasattr(host, "exec_run"):
+        return host
+    import docker
+
+    ident = getattr(host, "container_id", None) or getattr(host, "name", None) or str(host)
+    return docker.from_env().containers.get(ident)
+
+
+def find_lab_container(client, name: str, step: str):
+    """The lab's container `name` (one with the lab's label), None when there is none; an error at `step` when a
+    container of that name is not the lab's."""
+    import docker.errors
+
+    try:
+        container = client.containers.get(name)
+    except docker.errors.NotFound:
+        return None
+    if container.labels.get(LABEL) != "1":
+        raise GpuprovError(f"a container named {name} exists but is not the lab's", step=step,
+                           hint=f"remove or rename it (docker rm -f {name})")
+    return container
 
 
 def _is_debian() -> bool:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuprov.errors import GpuprovError, InputError
+from gpuprov.lab.engine import container_of
 
 FAULTS_FILE = "/etc/gpuprov-lab/faults"
 SMI = Path(__file__).with_name("files") / "standins" / "nvidia-smi"
@@ -125,17 +126,8 @@ def write_command(faults: Iterable[FaultSpec]) -> str:
             f"{FAULTS_FILE}.tmp && mv {FAULTS_FILE}.tmp {FAULTS_FILE}")
 
 
-def _container(host):
-    if hasattr(host, "exec_run"):
-        return host
-    import docker
-
-    ident = getattr(host, "container_id", None) or getattr(host, "name", None) or str(host)
-    return docker.from_env().containers.get(ident)
-
-
 def _run(host, command: str) -> str:
-    container = _container(host)
+    container = container_of(host)
     result = container.exec_run(["sh", "-c", command])
     output = result.output.decode(errors="replace")
     if result.exit_code != 0:

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from gpuprov.errors import GpuprovError
 from gpuprov.lab.debian import DEBIAN_PACKAGES, DebianDeb, DebianDebs
+from gpuprov.lab.engine import find_lab_container
 from gpuprov.lab.labels import BASE_REPO, HOST_REPO, LABEL, LABELS, NETWORK, ROLE_LABEL
 from gpuprov.lab.removal import GONE_STATES, remove_container
 from gpuprov.lab.standins import (
@@ -349,19 +350,6 @@ def _network(client, name: str):
     raise GpuprovError(f"the lab network {name} does not exist", step="lab mirror", hint="run `invoke lab.up`")
 
 
-def _find(client):
-    import docker.errors
-
-    try:
-        container = client.containers.get(MIRROR_NAME)
-    except docker.errors.NotFound:
-        return None
-    if container.labels.get(LABEL) != "1":
-        raise GpuprovError(f"a container named {MIRROR_NAME} exists but is not the lab's", step="lab mirror",
-                           hint=f"remove or rename it (docker rm -f {MIRROR_NAME})")
-    return container
-
-
 def _ip(container, network: str) -> str | None:
     container.reload()
     return (((container.attrs.get("NetworkSettings") or {}).get("Networks") or {}).get(network) or {}).get("IPAddress")
@@ -405,7 +393,7 @@ def ensure_mirror(lab: LabState | str = NETWORK, *, paths: LabPaths | None = Non
     timings["build_s"] = time.monotonic() - mark
     mark = time.monotonic()
     network = _network(client, network_name)
-    container = _find(client)
+    container = find_lab_container(client, MIRROR_NAME, "lab mirror")
     fresh = (container is not None and container.status not in GONE_STATES
              and container.labels.get(DIGEST_LABEL) == repo.digest
              and tag in (container.image.tags or []) and network_name in
@@ -460,7 +448,7 @@ def _debian_debs(paths: LabPaths, client, image: str, progress: Progress) -> Deb
 
 def running_mirror(client, paths: LabPaths, network: str = NETWORK) -> MirrorInfo | None:
     """The mirror as it serves now (for rewriting the inventory without rebuilding), or None."""
-    container = _find(client)
+    container = find_lab_container(client, MIRROR_NAME, "lab mirror")
     home = paths.state_dir / "mirror-gnupg"
     fpr = key_fingerprint(home)
     if container is None or container.status != "running" or fpr is None:
@@ -473,7 +461,7 @@ def running_mirror(client, paths: LabPaths, network: str = NETWORK) -> MirrorInf
 
 def remove_mirror(client, progress: Progress = _quiet) -> bool:
     """Remove the mirror container (before the lab network). Returns whether there was one."""
-    container = _find(client)
+    container = find_lab_container(client, MIRROR_NAME, "lab mirror")
     if container is None:
         return False
     remove_container(container)

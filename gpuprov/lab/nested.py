@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gpuprov.errors import GpuprovError
+from gpuprov.lab.engine import container_of
 
 PYTHON_IMAGE = "gpuprov-lab/python"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -129,21 +130,12 @@ finally:
 '''
 
 
-def _container(host):
-    if hasattr(host, "exec_run"):
-        return host
-    import docker
-
-    ident = getattr(host, "container_id", None) or getattr(host, "name", None) or str(host)
-    return docker.from_env().containers.get(ident)
-
-
 def ensure_image(host, *, repository: str = PYTHON_IMAGE, extra_paths: Iterable[str] = (),
                  path_first: Iterable[str] = ()) -> str:
     """The tag of an image of the lab host's own Python (and `extra_paths`) in the host's Docker engine, made on
     the host when it lacks it. `path_first`: folders put before the usual ones on the image's PATH (a venv's bin,
     so that `python3` is the venv's). `host`: a LabHost, a container name or id, or a docker Container."""
-    container = _container(host)
+    container = container_of(host)
     command = ["python3", "-c", SCRIPT, repository, *extra_paths]
     search = ":".join([*path_first, *DEFAULT_PATH.split(":")])
     result = container.exec_run(command, environment={"GPUPROV_IMAGE_PATH": search})

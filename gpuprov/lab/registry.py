@@ -26,7 +26,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gpuprov.errors import GpuprovError
-from gpuprov.lab.labels import IMAGE_LABELS, LABEL, LABELS, NETWORK, REGISTRY_REPO, ROLE_LABEL
+from gpuprov.lab.engine import find_lab_container
+from gpuprov.lab.labels import IMAGE_LABELS, LABELS, NETWORK, REGISTRY_REPO, ROLE_LABEL
 from gpuprov.lab.removal import GONE_STATES, remove_container
 from gpuprov.lab.state import LabPaths
 
@@ -142,19 +143,6 @@ def ensure_image(paths: LabPaths, client, progress: Progress = _quiet) -> tuple[
     return tag, version
 
 
-def _find(client):
-    import docker.errors
-
-    try:
-        container = client.containers.get(REGISTRY_NAME)
-    except docker.errors.NotFound:
-        return None
-    if container.labels.get(LABEL) != "1":
-        raise GpuprovError(f"a container named {REGISTRY_NAME} exists but is not the lab's", step="lab registry",
-                           hint=f"remove or rename it (docker rm -f {REGISTRY_NAME})")
-    return container
-
-
 def _answers(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=3) as response:  # noqa: S310 - a fixed http URL of the lab
@@ -188,7 +176,7 @@ def ensure_registry(*, paths: LabPaths | None = None, client=None, network: str 
     client = client or ensure_engine(progress)
     tag, version = ensure_image(paths, client, progress)
     lab_network = ensure_network(client, progress)
-    container = _find(client)
+    container = find_lab_container(client, REGISTRY_NAME, "lab registry")
     if container is not None and (container.status in GONE_STATES or tag not in (container.image.tags or [])):
         progress(f"registry: replacing {REGISTRY_NAME} (its image changed, or the engine is removing it)")
         remove_container(container)

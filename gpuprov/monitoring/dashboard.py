@@ -1,6 +1,7 @@
 """The Grafana dashboard "gpuprov GPU fleet", built with grafanalib from the metrics of the monitoring contract:
 dcgm-exporter's DCGM_FI_DEV_* (job gpuprov-dcgm) and gpuprov's textfiles (job gpuprov-node). The model is shipped
-as templates/grafana/gpu-fleet.json (`python -m gpuprov.monitoring.dashboard PATH` writes it). Every query filters
+in the package as gpuprov/monitoring/grafana/gpu-fleet.json (`python -m gpuprov.monitoring.dashboard PATH`
+or `invoke monitoring.dashboard --out PATH` writes it). Every query filters
 with `host=~"$host"`; `concrete` turns a query into one Prometheus answers outside Grafana.
 grafanalib is imported inside the functions: importing this module stays cheap for the tasks."""
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Iterator
+from pathlib import Path
 
 import yaml
 
@@ -19,13 +20,13 @@ CONFIG = "/etc/prometheus/prometheus.yml"
 DEFAULTS = "/etc/default/prometheus"       # the package's unit: EnvironmentFile=, ExecStart=/usr/bin/prometheus $ARGS
 RULES = f"{SERVER_DIR}/gpuprov.rules.yml"
 COMPONENT = "prometheus"
+SHIPPED_RULES = Path(__file__).with_name("prometheus") / "gpuprov.rules.yml"
 q = shlex.quote
 
 
 def rules_text() -> str:
-    from gpuprov.images import TEMPLATES
-
-    return (TEMPLATES / "prometheus" / "gpuprov.rules.yml").read_text()
+    """gpuprov's alert rules, shipped in the package (gpuprov/monitoring/prometheus/gpuprov.rules.yml)."""
+    return SHIPPED_RULES.read_text(encoding="utf-8")
 
 
 def config_text(policy: MonitoringPolicy) -> str:

@@ -50,12 +50,9 @@ def active_reasons(reports: list[dict]) -> dict[str, set[str]]:
 
 
 @check(NAME, timeout=120)
-def run(ctx) -> Result:
-    start = time.monotonic()
-    try:
-        reports, gpu_load = load.sample_xml(ctx, SETTLE_SECONDS, SAMPLES, INTERVAL_SECONDS)
-    except nvsmi.SmiError as error:
-        return nvsmi.unavailable(ctx, NAME, error, time.monotonic() - start)
+@nvsmi.smi_check(NAME)
+def run(ctx, start: float) -> Result:
+    reports, gpu_load = load.sample_xml(ctx, SETTLE_SECONDS, SAMPLES, INTERVAL_SECONDS)
     seen = active_reasons(reports)
     no_reasons = [gpu["bus_id"] for gpu in reports[0]["gpus"] if gpu["clock_reasons"] is None]
     figures = {"under_load": gpu_load.active, "samples": len(reports),

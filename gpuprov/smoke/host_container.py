@@ -27,8 +27,8 @@ def container_argv(runtime: str, image: str) -> list[str]:
 
 
 @check(NAME, timeout=300)
-def run(ctx) -> Result:
-    start = time.monotonic()
+@nvsmi.smi_check(NAME)
+def run(ctx, start: float) -> Result:
     config = ctx.config.get("container") or {}
     runtime, image = config.get("runtime") or "docker", config.get("image")
     if not config or not image:
@@ -38,7 +38,7 @@ def run(ctx) -> Result:
         return _inside(ctx, runtime, image, config.get("host_uuids") or [], start)
     rc, out, err = ctx.run(nvsmi.LIST_ARGV, timeout=30)
     if rc != 0:
-        return nvsmi.unavailable(ctx, NAME, nvsmi.classify_failure(rc, out, err), time.monotonic() - start)
+        raise nvsmi.classify_failure(rc, out, err)
     host = nvsmi.parse_list(out)
     argv = container_argv(runtime, image)
     rc, out, err = ctx.run(argv, timeout=RUN_TIMEOUT)

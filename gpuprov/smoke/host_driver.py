@@ -35,14 +35,11 @@ def kernel_module(path: str | None = None) -> dict | None:
 
 
 @check(NAME, timeout=60)
-def run(ctx) -> Result:
-    start = time.monotonic()
+@nvsmi.smi_check(NAME)
+def run(ctx, start: float) -> Result:
     expected = ctx.expect("driver")
     thresholds = {"driver": expected}
-    try:
-        rows = nvsmi.query(ctx)
-    except nvsmi.SmiError as error:
-        return nvsmi.unavailable(ctx, NAME, error, time.monotonic() - start)
+    rows = nvsmi.query(ctx)
     versions = sorted({row["driver_version"] for row in rows})
     module = kernel_module()
     figures = {"driver_version": versions[0] if len(versions) == 1 else versions, "kernel_module": module}

@@ -51,13 +51,10 @@ def unresolved(remap: dict | None, sram: int | None) -> str:
 
 
 @check(NAME, timeout=60)
-def run(ctx) -> Result:
-    start = time.monotonic()
-    try:
-        rows = nvsmi.query(ctx)
-        report = nvsmi.query_xml(ctx)
-    except nvsmi.SmiError as error:
-        return nvsmi.unavailable(ctx, NAME, error, time.monotonic() - start)
+@nvsmi.smi_check(NAME)
+def run(ctx, start: float) -> Result:
+    rows = nvsmi.query(ctx)
+    report = nvsmi.query_xml(ctx)
     by_bus = {gpu["bus_id"].lower(): gpu for gpu in report["gpus"] if gpu["bus_id"]}
     failures, warnings, per_gpu = [], [], {}
     for row in rows:

@@ -20,8 +20,8 @@ UNIT_STATES = ("active", "inactive", "failed", "activating", "deactivating", "re
 
 
 @check(NAME, timeout=60)
-def run(ctx) -> Result:
-    start = time.monotonic()
+@nvsmi.smi_check(NAME)
+def run(ctx, start: float) -> Result:
     if not ctx.expect("nvswitch"):
         reason = ("the config does not say whether this host has NVSwitch" if ctx.expect("nvswitch") is None
                   else "no NVSwitch on this host: no fabric manager needed")
@@ -31,10 +31,7 @@ def run(ctx) -> Result:
     if service not in UNIT_STATES:  # no systemd to ask (a container): the GPUs' fabric state still tells
         detail = (err.strip() or out.strip() or f"exit {rc}").splitlines()
         service = "systemctl not found" if rc == 127 else f"unknown ({detail[0][:120]})"
-    try:
-        report = nvsmi.query_xml(ctx)
-    except nvsmi.SmiError as error:
-        return nvsmi.unavailable(ctx, NAME, error, time.monotonic() - start)
+    report = nvsmi.query_xml(ctx)
     states = {gpu["bus_id"]: (gpu["fabric"] or {}) for gpu in report["gpus"]}
     figures = {"fabricmanager": service,
                "fabric": {bus: f"{f.get('state')}/{f.get('status')}" for bus, f in states.items()}}

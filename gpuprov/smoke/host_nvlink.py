@@ -18,8 +18,8 @@ NAME = "host.nvlink"
 
 
 @check(NAME, timeout=60)
-def run(ctx) -> Result:
-    start = time.monotonic()
+@nvsmi.smi_check(NAME)
+def run(ctx, start: float) -> Result:
     form = ctx.expect("form_factor")
     if form != "sxm":
         reason = ("the config names no form factor" if not form
@@ -28,7 +28,7 @@ def run(ctx) -> Result:
     rc, out, err = ctx.run(nvsmi.NVLINK_ARGV, timeout=60)
     gpus = nvsmi.parse_nvlink_status(out)
     if rc != 0 and not gpus:  # nvidia-smi itself failed (no driver, a mismatch): not an NVLink finding
-        return nvsmi.unavailable(ctx, NAME, nvsmi.classify_failure(rc, out, err), time.monotonic() - start)
+        raise nvsmi.classify_failure(rc, out, err)
     seconds = time.monotonic() - start
     figures = {"gpus": {f"GPU {g['index']}": {"links": len(g["links"]),
                                               "active": sum(1 for s in g["links"].values() if s is not None),

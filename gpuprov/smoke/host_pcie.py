@@ -36,12 +36,9 @@ def best_links(reports: list[dict]) -> dict[str, dict]:
 
 
 @check(NAME, timeout=120)
-def run(ctx) -> Result:
-    start = time.monotonic()
-    try:
-        reports, gpu_load = load.sample_xml(ctx, SETTLE_SECONDS, SAMPLES, INTERVAL_SECONDS)
-    except nvsmi.SmiError as error:
-        return nvsmi.unavailable(ctx, NAME, error, time.monotonic() - start)
+@nvsmi.smi_check(NAME)
+def run(ctx, start: float) -> Result:
+    reports, gpu_load = load.sample_xml(ctx, SETTLE_SECONDS, SAMPLES, INTERVAL_SECONDS)
     links = best_links(reports)
     figures = {"under_load": gpu_load.active, "samples": len(reports),
                "links": {bus: {"gen": f"{v['gen']}/{v['max_gen']}", "width": f"x{v['width']}/x{v['max_width']}"}

@@ -15,12 +15,9 @@ NAME = "host.persistence"
 
 
 @check(NAME, timeout=60)
-def run(ctx) -> Result:
-    start = time.monotonic()
-    try:
-        rows = nvsmi.query(ctx)
-    except nvsmi.SmiError as error:
-        return nvsmi.unavailable(ctx, NAME, error, time.monotonic() - start)
+@nvsmi.smi_check(NAME)
+def run(ctx, start: float) -> Result:
+    rows = nvsmi.query(ctx)
     modes = {f"{row['index']} ({row['pci.bus_id']})": nvsmi.value(row["persistence_mode"]) for row in rows}
     off = [gpu for gpu, mode in modes.items() if mode != "Enabled"]
     figures = {"persistence_mode": modes}

@@ -15,12 +15,11 @@ from .torchutil import (
     autocast,
     choose_precision,
     first_line,
-    import_torch,
-    no_torch,
     percentile,
-    setup_target,
     shift_task,
+    sized,
     time_calls,
+    torch_check,
     transformer_lm,
 )
 
@@ -43,17 +42,11 @@ def latency_figures(batch: int, times: list[float]) -> dict[str, float]:
 
 
 @check(NAME, timeout=180)
-def run(ctx) -> Result:
-    start = time.monotonic()
-    torch, why = import_torch()
-    if torch is None:
-        return no_torch(NAME, why, start)
-    target = setup_target(torch, ctx.config)
-    if target.problem:
-        return Result(NAME, FAIL, target.problem, seconds=time.monotonic() - start)
+@torch_check(NAME)
+def run(ctx, torch, target, start: float) -> Result:
     precision = choose_precision(torch, target, ctx.config)
     size = SIZES[target.device]
-    warmup, calls = CALLS[(target.device, ctx.level if ctx.level == "burn-in" else "quick")]
+    warmup, calls = sized(CALLS, target, ctx.level)
     minimum = ctx.config.get("min_batching_gain")
     minimum = float(minimum) if isinstance(minimum, (int, float)) and minimum > 0 else MIN_BATCHING_GAIN
     device = "cuda:0" if target.cuda else "cpu"

@@ -19,13 +19,11 @@ from .torchutil import (
     cnn,
     compiler_missing,
     first_line,
-    import_torch,
     json_number,
-    no_torch,
     private_cache,
     quadrant_batch,
-    setup_target,
     toolchain_error,
+    torch_check,
 )
 
 NAME = "infer.parity"
@@ -127,14 +125,8 @@ def compile_part(torch, target, model, images, reference) -> tuple[str, str, dic
 
 
 @check(NAME, timeout=300)
-def run(ctx) -> Result:
-    start = time.monotonic()
-    torch, why = import_torch()
-    if torch is None:
-        return no_torch(NAME, why, start)
-    target = setup_target(torch, ctx.config)
-    if target.problem:
-        return Result(NAME, FAIL, target.problem, seconds=time.monotonic() - start)
+@torch_check(NAME)
+def run(ctx, torch, target, start: float) -> Result:
     device = "cuda:0" if target.cuda else "cpu"
     if target.cuda:
         torch.backends.cuda.matmul.allow_tf32 = False

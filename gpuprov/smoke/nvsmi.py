@@ -44,10 +44,12 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import io
 import re
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
@@ -222,6 +224,24 @@ def unavailable(ctx, check: str, error: SmiError, seconds: float = 0.0) -> Resul
     return Result(check, FAIL, error.message, figures, seconds=seconds)
 
 
+def smi_check(name: str):
+    """The nvidia-smi error path of a check, as a decorator: `body(ctx, start)` runs, and an SmiError it raises
+    (from query, query_xml, load.sample_xml or a `raise classify_failure(...)`) becomes `unavailable`."""
+
+    def wrap(body: Callable[[Any, float], Result]) -> Callable[[Any], Result]:
+        @functools.wraps(body)
+        def run(ctx) -> Result:
+            start = time.monotonic()
+            try:
+                return body(ctx, start)
+            except SmiError as error:
+                return unavailable(ctx, name, error, time.monotonic() - start)
+
+        return run
+
+    return wrap
+
+
 # ---- -q -x ----------------------------------------------------------------------------------------------------
 
 
@@ -370,9 +390,8 @@ def parse_list(text: str) -> list[dict[str, Any]]:
 
 # ---- MIG -----------------------------------------------------------------------------------------------------------
 
-# A MIG device as `nvidia-smi -L` lists it below its GPU (NVIDIA MIG user guide, "Getting Started with MIG":
-# `  MIG 1g.10gb     Device  0: (UUID: MIG-...)`) and as CUDA names it (`NVIDIA H100 80GB HBM3 MIG 1g.10gb`).
-_MIG_LINE = re.compile(r"^\s+MIG (?P<profile>\S+)\s+Device\s+(?P<device>\d+): \(UUID: (?P<uuid>[^)]+)\)\s*$")
+# A MIG device as CUDA names it (NVIDIA MIG user guide: `NVIDIA H100 80GB HBM3 MIG 1g.10gb`); parse_list skips the
+# lines `nvidia-smi -L` prints for MIG devices below their GPU.
 _CUDA_MIG_NAME = re.compile(r"^(?P<gpu>.+?) MIG (?P<profile>\S+)$")
 # A MIG device's name (MIG user guide, "MIG Device Names"): [<C>c.]<G>g.<memory>gb[+me]: a compute instance of C
 # compute slices (all G of its GPU instance when no `c.` part) and the GPU instance's memory.
@@ -383,22 +402,6 @@ COMPUTE_SLICES = 7
 FEWER_COMPUTE_SLICES = (("A30", 4), ("RTX PRO 6000", 4), ("RTX PRO 5000", 2), ("RTX PRO 4500", 2))
 # The figures of a datasheet that scale with an instance's compute slices (matmul throughput).
 COMPUTE_FIGURE_SUFFIX = "_tflops"
-
-
-def parse_mig_list(text: str) -> list[dict[str, Any]]:
-    """The MIG devices of `nvidia-smi -L`: {gpu, gpu_name, profile, device, uuid} each, `gpu` its GPU's index."""
-    out: list[dict[str, Any]] = []
-    gpu: dict[str, Any] | None = None
-    for line in text.splitlines():
-        head = _GPU_LINE.match(line.strip()) if not line.startswith((" ", "\t")) else None
-        if head:
-            gpu = {"index": int(head.group("index")), "name": head.group("name")}
-            continue
-        device = _MIG_LINE.match(line)
-        if device and gpu is not None:
-            out.append({"gpu": gpu["index"], "gpu_name": gpu["name"], "profile": device.group("profile"),
-                        "device": int(device.group("device")), "uuid": device.group("uuid")})
-    return out
 
 
 def compute_slices(gpu_name: str) -> int:

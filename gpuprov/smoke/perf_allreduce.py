@@ -29,12 +29,11 @@ from collections.abc import Iterator
 from .core import FAIL, SKIP, Result, check
 from .torchutil import (
     expected_thresholds,
-    import_torch,
     judge_figures,
-    no_torch,
     perf_result,
-    setup_target,
+    sized,
     threshold_pct,
+    torch_check,
 )
 from .train_ddp import local_run, subprocess_timeout
 
@@ -63,19 +62,15 @@ SIZES = {
 
 
 @check(NAME, timeout=240)
-def run(ctx) -> Result:
-    start = time.monotonic()
-    torch, why = import_torch()
-    if torch is None:
-        return no_torch(NAME, why, start)
-    target = setup_target(torch, ctx.config)
+@torch_check(NAME, problem_fails=False)
+def run(ctx, torch, target, start: float) -> Result:
     if target.cuda and target.gpus == 1:
         return Result(NAME, SKIP, f"one GPU ({target.names[0]}): no all-reduce between GPUs to measure",
                       {"gpus": 1}, seconds=time.monotonic() - start)
     if not torch.distributed.is_available():
         return Result(NAME, FAIL, f"torch {torch.__version__} is built without torch.distributed",
                       seconds=time.monotonic() - start)
-    megabytes, iters = SIZES[(target.device, ctx.level if ctx.level == "burn-in" else "quick")]
+    megabytes, iters = sized(SIZES, target, ctx.level)
     with tempfile.TemporaryDirectory(prefix="gpuprov-nccl-") as folder:
         with nccl_log(folder) if target.cuda else contextlib.nullcontext():
             report, why = local_run(target, ["--bench-mb", f"{megabytes:g}", "--bench-iters", str(iters)],

@@ -11,20 +11,18 @@ On the CPU a host memory copy is measured as d2d_gbs and reported, not judged; t
 from __future__ import annotations
 
 import statistics
-import time
 
 from . import nvsmi
 from .core import Result, check
 from .torchutil import (
     expected_thresholds,
-    import_torch,
     judge_figures,
-    no_torch,
     perf_result,
     randn,
-    setup_target,
+    sized,
     threshold_pct,
     time_calls,
+    torch_check,
 )
 
 NAME = "perf.copy"
@@ -62,17 +60,13 @@ def gpu_copies(torch, index: int, sizes: tuple) -> dict[str, float]:
 
 
 @check(NAME, timeout=180)
-def run(ctx) -> Result:
-    start = time.monotonic()
-    torch, why = import_torch()
-    if torch is None:
-        return no_torch(NAME, why, start)
-    target = setup_target(torch, ctx.config)
+@torch_check(NAME, problem_fails=False)
+def run(ctx, torch, target, start: float) -> Result:
     mig = nvsmi.mig_judgement(ctx, target.names).not_scaled(NAME, "its copies follow its memory slices", start)
     if mig:
         return mig
     expected, threshold = ctx.config.get("expected") or {}, threshold_pct(ctx.config)
-    sizes = SIZES[(target.device, ctx.level if ctx.level == "burn-in" else "quick")]
+    sizes = sized(SIZES, target, ctx.level)
     failures: list[str] = []
     if target.cuda:
         per_gpu = {str(index): gpu_copies(torch, index, sizes) for index in range(target.gpus)}

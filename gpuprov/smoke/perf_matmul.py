@@ -23,14 +23,12 @@ from .torchutil import (
     burn_in_seconds,
     cuda_bf16,
     expected_thresholds,
-    import_torch,
     judge_figures,
-    no_torch,
     perf_result,
     randn,
-    setup_target,
     threshold_pct,
     time_calls,
+    torch_check,
 )
 
 NAME = "perf.matmul"
@@ -114,12 +112,8 @@ def burn_in_load(config: dict) -> float:
 
 
 @check(NAME, timeout=TIMEOUT, load=burn_in_load)
-def run(ctx) -> Result:
-    start = time.monotonic()
-    torch, why = import_torch()
-    if torch is None:
-        return no_torch(NAME, why, start)
-    target = setup_target(torch, ctx.config)
+@torch_check(NAME, problem_fails=False)
+def run(ctx, torch, target, start: float) -> Result:
     mig = nvsmi.mig_judgement(ctx, target.names)  # a MIG instance: judged against its share of the GPU, or skipped
     if mig.skip:
         return mig.skipped(NAME, start)

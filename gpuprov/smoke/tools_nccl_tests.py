@@ -96,16 +96,13 @@ def find_binary(ctx) -> str | None:
 
 
 @check(NAME, timeout=1600)
-def run(ctx) -> Result:
-    start = time.monotonic()
+@nvsmi.smi_check(NAME)
+def run(ctx, start: float) -> Result:
     binary = find_binary(ctx)
     if not binary:
         return Result(NAME, SKIP, f"nccl-tests is not installed ({BINARY} not on PATH nor in {', '.join(PLACES)})",
                       {})
-    try:
-        gpus = len(nvsmi.query(ctx))
-    except nvsmi.SmiError as error:
-        return nvsmi.unavailable(ctx, NAME, error, time.monotonic() - start)
+    gpus = len(nvsmi.query(ctx))
     argv = [binary, "-b", "8", "-e", MAX_BYTES.get(ctx.level, "256M"), "-f", "2", "-g", str(gpus)]
     rc, out, err = ctx.run(argv, timeout=TIMEOUT.get(ctx.level, 300))
     parsed = parse_output(out)

@@ -9,6 +9,7 @@ so the suite imports (and lists its checks) on a host without torch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import shutil
@@ -51,6 +52,33 @@ def import_torch() -> tuple[Any, str]:
 
 def no_torch(name: str, reason: str, start: float) -> Result:
     return Result(name, SKIP, reason, seconds=time.monotonic() - start)
+
+
+def torch_check(name: str, *, problem_fails: bool = True, first: Callable[[Any, float], Result | None] | None = None):
+    """The preamble every torch check starts with, as a decorator: `body(ctx, torch, target, start)` runs with
+    torch imported and the target set up; without torch the check skips with the reason. `problem_fails`: a
+    target with a problem (a CUDA torch that sees no GPU) fails at once, before the body; the perf checks pass
+    False and judge the problem beside their figures (perf_result). `first(ctx, start)`: a verdict reached before
+    torch is imported (train.ddp's MIG skip), or None to go on."""
+
+    def wrap(body: Callable[..., Result]) -> Callable[[Any], Result]:
+        @functools.wraps(body)
+        def run(ctx) -> Result:
+            start = time.monotonic()
+            early = first(ctx, start) if first else None
+            if early is not None:
+                return early
+            torch, why = import_torch()
+            if torch is None:
+                return no_torch(name, why, start)
+            target = setup_target(torch, ctx.config)
+            if problem_fails and target.problem:
+                return Result(name, FAIL, target.problem, seconds=time.monotonic() - start)
+            return body(ctx, torch, target, start)
+
+        return run
+
+    return wrap
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +125,11 @@ def setup_target(torch, config: dict) -> Target:
                    "while nvidia-smi lists GPUs on this host"
                    + (f" (CUDA_VISIBLE_DEVICES={hidden!r})" if hidden is not None else ""))
     return Target("cpu", problem=problem)
+
+
+def sized(table: dict[tuple[str, str], Any], target: Target, level: str) -> Any:
+    """A check's sizes for where it runs ("cuda" or "cpu") and its level (anything but burn-in is quick)."""
+    return table[(target.device, level if level == "burn-in" else "quick")]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,12 +18,10 @@ from .torchutil import (
     choose_precision,
     compiler_missing,
     first_line,
-    import_torch,
-    no_torch,
     private_cache,
-    setup_target,
     shift_task,
     toolchain_error,
+    torch_check,
     train_result,
     train_steps,
     transformer_lm,
@@ -39,14 +37,8 @@ FIRST_LOSS_RTOL = {"fp32": 1e-4, "amp": 2e-2}   # compiled vs eager first loss, 
 
 
 @check(NAME, timeout=300)
-def run(ctx) -> Result:
-    start = time.monotonic()
-    torch, why = import_torch()
-    if torch is None:
-        return no_torch(NAME, why, start)
-    target = setup_target(torch, ctx.config)
-    if target.problem:
-        return Result(NAME, FAIL, target.problem, seconds=time.monotonic() - start)
+@torch_check(NAME)
+def run(ctx, torch, target, start: float) -> Result:
     with private_cache():
         return compiled_training(ctx, torch, target, start)
 

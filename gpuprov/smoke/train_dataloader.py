@@ -16,10 +16,9 @@ from .torchutil import (
     choose_precision,
     cnn,
     first_line,
-    import_torch,
-    no_torch,
     quadrant_sample,
-    setup_target,
+    sized,
+    torch_check,
     train_result,
     train_steps,
 )
@@ -77,16 +76,10 @@ def delivery_problems(indices: list[int], count: int, workers_seen: set[int], wo
 
 
 @check(NAME, timeout=180)
-def run(ctx) -> Result:
-    start = time.monotonic()
-    torch, why = import_torch()
-    if torch is None:
-        return no_torch(NAME, why, start)
-    target = setup_target(torch, ctx.config)
-    if target.problem:
-        return Result(NAME, FAIL, target.problem, seconds=time.monotonic() - start)
+@torch_check(NAME)
+def run(ctx, torch, target, start: float) -> Result:
     precision = choose_precision(torch, target, ctx.config)
-    size = SIZES[(target.device, ctx.level if ctx.level == "burn-in" else "quick")]
+    size = sized(SIZES, target, ctx.level)
     device = "cuda:0" if target.cuda else "cpu"
     workers = worker_count()
     loader = torch.utils.data.DataLoader(

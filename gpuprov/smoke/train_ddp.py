@@ -24,12 +24,10 @@ from .torchutil import (
     LOSS_THRESHOLDS,
     Target,
     free_port,
-    import_torch,
     loss_verdict,
-    no_torch,
     run_group,
-    setup_target,
     tail,
+    torch_check,
 )
 
 NAME = "train.ddp"
@@ -93,20 +91,19 @@ def subprocess_timeout(name: str) -> float:
     return max(20.0, REGISTRY[name].timeout - 20.0)
 
 
-@check(NAME, timeout=180)
-def run(ctx) -> Result:
-    start = time.monotonic()
+def mig_skip(ctx, start: float) -> Result | None:
+    """A skip when MIG is on: a CUDA process sees one MIG instance, so DDP across the GPUs cannot run."""
     mig = nvsmi.mig_gpus(ctx)
     if mig:
         return Result(NAME, SKIP, f"MIG is enabled on {', '.join(mig)}: a CUDA process sees one MIG instance, so "
                       "DDP across the GPUs cannot run (disable MIG to judge it); not run", {"mig_enabled": mig},
                       seconds=time.monotonic() - start)
-    torch, why = import_torch()
-    if torch is None:
-        return no_torch(NAME, why, start)
-    target = setup_target(torch, ctx.config)
-    if target.problem:
-        return Result(NAME, FAIL, target.problem, seconds=time.monotonic() - start)
+    return None
+
+
+@check(NAME, timeout=180)
+@torch_check(NAME, first=mig_skip)
+def run(ctx, torch, target: Target, start: float) -> Result:
     if not torch.distributed.is_available():
         return Result(NAME, FAIL, f"torch {torch.__version__} is built without torch.distributed",
                       seconds=time.monotonic() - start)

@@ -13,10 +13,9 @@ from .core import FAIL, Result, check
 from .torchutil import (
     choose_precision,
     first_line,
-    import_torch,
-    no_torch,
-    setup_target,
     shift_task,
+    sized,
+    torch_check,
     train_result,
     train_steps,
     transformer_lm,
@@ -38,16 +37,10 @@ SIZES = {
 
 
 @check(NAME, timeout=180)
-def run(ctx) -> Result:
-    start = time.monotonic()
-    torch, why = import_torch()
-    if torch is None:
-        return no_torch(NAME, why, start)
-    target = setup_target(torch, ctx.config)
-    if target.problem:
-        return Result(NAME, FAIL, target.problem, seconds=time.monotonic() - start)
+@torch_check(NAME)
+def run(ctx, torch, target, start: float) -> Result:
     precision = choose_precision(torch, target, ctx.config)
-    size = SIZES[(target.device, ctx.level if ctx.level == "burn-in" else "quick")]
+    size = sized(SIZES, target, ctx.level)
     device = "cuda:0" if target.cuda else "cpu"
     torch.manual_seed(0)
     try:

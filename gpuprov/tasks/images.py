@@ -1,4 +1,5 @@
-"""`invoke images.*`: the image matrix of `images/*.yaml`, rendered from `templates/` into build/images/<id>/.
+"""`invoke images.*`: the image matrix of `images/*.yaml`, rendered from `templates/` into build/images/<id>/ (the
+user's ./images/ and ./templates/ when the working directory has them, else the ones gpuprov ships: gpuprov.images).
 
 Every task reads and checks all specs first (a bad spec is exit 2 with FILE:LINE:COL: key: message, before
 anything is written). `--name N` selects a spec by name (all its matrix entries) or one image by its id; repeat
@@ -70,6 +71,7 @@ def render(c, name=None, wheels=False):
 def lint(c, name=None):
     """Render, then run hadolint on every Dockerfile; a finding at error or warning level fails (exit 1)."""
     from gpuprov.errors import GpuprovError
+    from gpuprov.images import templates_folder
     from gpuprov.images.lint import lint as hadolint
     from gpuprov.images.render import render as render_image
     from gpuprov.images.spec import load_specs
@@ -89,7 +91,8 @@ def lint(c, name=None):
                      "warning level", "bold red" if failing else "green"))
     if failing:
         raise GpuprovError(f"hadolint found {failing} problems at error or warning level", step="images.lint",
-                           hint="fix the block templates under templates/blocks/ (or the specs), then rerun")
+                           hint=f"fix the block templates under {templates_folder() / 'blocks'} (or the specs), "
+                                "then rerun")
 
 
 @task(iterable=["name"], help={"name": NAME_HELP, "registry": "registry the tags name, such as 127.0.0.1:5000",
@@ -100,7 +103,7 @@ def bake(c, name=None, registry=None, output=None):
     from pathlib import Path
 
     from gpuprov.errors import InputError
-    from gpuprov.images import OUTPUT, PROJECT
+    from gpuprov.images import OUTPUT
     from gpuprov.images.bake import bake_document
     from gpuprov.images.labels import provenance
     from gpuprov.images.render import render as render_image
@@ -118,7 +121,7 @@ def bake(c, name=None, registry=None, output=None):
     document = bake_document([render_image(image) for image in images], registry, provenance())
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(dump_json(document) + "\n", encoding="utf-8")
-    console().print(styled(f"{target}: {len(images)} targets; build them from {PROJECT} with: docker buildx bake "
+    console().print(styled(f"{target}: {len(images)} targets; build them from {Path.cwd()} with: docker buildx bake "
                            f"-f {target}"), soft_wrap=True)
 
 

@@ -7,6 +7,7 @@ from invoke.exceptions import Exit
 
 from gpuprov.tasks._common import exits_cleanly, failed_run, host_task
 
+DASHBOARD_OUT = "build/monitoring/gpu-fleet.json"
 SERVER_HELP = "the monitoring host (an inventory host) whose Prometheus to use, reached through its SSH connection"
 
 
@@ -124,16 +125,19 @@ def idle(c, hours="6", threshold="5", server=None, prometheus=None, inventory=No
     print(f"{len(rows)} hosts with idle GPUs" + (f"; their idle GPUs cost {total:,.2f} per hour" if total else ""))
 
 
-@task(help={"out": "where to write the dashboard JSON (default: templates/grafana/gpu-fleet.json)"})
+@task(help={"out": f"where to write the dashboard JSON (default: {DASHBOARD_OUT}, under the working directory)"})
 @exits_cleanly
 def dashboard(c, out=None):
-    """Write the Grafana dashboard (built with grafanalib) that gpuprov ships."""
-    from gpuprov.images import TEMPLATES
+    """Write the Grafana dashboard (built with grafanalib) that gpuprov ships, to import into Grafana."""
+    from pathlib import Path
+
     from gpuprov.monitoring.dashboard import write_dashboard
     from gpuprov.tasks._common import check_output_files
 
-    path = out or TEMPLATES / "grafana" / "gpu-fleet.json"
-    check_output_files("--out", [path], create_parents=False)
+    path = Path(out) if out else Path(DASHBOARD_OUT)
+    check_output_files("--out", [path], create_parents=out is None)
+    if out is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
     write_dashboard(path)
     print(f"dashboard: {path}")
 

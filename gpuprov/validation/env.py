@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuprov.digest import file_sha256
 from gpuprov.errors import GpuprovError
 from gpuprov.validation import LAYOUT, Layout
 from gpuprov.validation.remote import INSECURE, SECURE
@@ -513,14 +514,6 @@ _LOCKS: dict[str, threading.Lock] = {}
 _LOCKS_GUARD = threading.Lock()
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def load_wheelhouse(folder: Path) -> Wheelhouse | None:
     """A wheelhouse folder with its manifest, or None when there is none (or it is incomplete)."""
     try:
@@ -576,7 +569,7 @@ def wheelhouse_for(request: WheelRequest, root: Path, say: Callable[[str], None]
                             "the controller's pip needs an index with these wheels (pip config, or "
                             "validate.torch_index in the inventory); on an air-gapped controller, put the wheels "
                             f"into {folder}/ with a {MANIFEST} listing them"))
-            files = {path.name: _sha256(path) for path in sorted(tmp.iterdir()) if path.suffix == ".whl"}
+            files = {path.name: file_sha256(path) for path in sorted(tmp.iterdir()) if path.suffix == ".whl"}
             wheelhouse = Wheelhouse(folder, files, request.requirements(),
                                     dataclasses.asdict(request) | {"torch_index": request.index_shown})
             (tmp / MANIFEST).write_text(json.dumps({"request": wheelhouse.request, "requirements":

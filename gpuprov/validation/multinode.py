@@ -394,20 +394,31 @@ def run_multinode(nodes: list[Node], hosts: list, settings, *, jump_of, port: in
         transports[outcome.host.name] = host_transport(outcome.value["output"])
         if outcome.value["rc"] != 0:
             failures[outcome.host.name] = f"torchrun exit {outcome.value['rc']}: {_tail(outcome.value['output'])}"
-    world = sum(n.nproc for n in nodes)
     if found is None or failures:
         reason = "torchrun failed: " + ("; ".join(f"{name}: {why}" for name, why in failures.items())
                                         or "no node printed a valid all-reduce result")
         summary["reason"] = reason
         return {"results": {n.name: result("fail", reason, nodes=len(nodes)) for n in nodes}, "summary": summary}
+    summary["worker_uids"] = found.get("uids")
+    if found["backend"] == "nccl":
+        summary["transport"] = transports
+    status, reason, figures = _verdict(found, nodes, transports, user)
+    summary.update(status=status, reason=reason, figures=figures)
+    shown = ("nccl_network", "rdma_devices", "rdma_reachable") if found["backend"] == "nccl" else ()
+    per_host = {n.name: {**figures, **{key: transports.get(n.name, {}).get(key) for key in shown}} for n in nodes}
+    return {"results": {n.name: result(status, reason, per_host[n.name], len(nodes)) for n in nodes},
+            "summary": summary}
+
+
+def _verdict(found: dict, nodes: list[Node], transports: dict, user: str) -> tuple[str, str, dict]:
+    """(status, reason, figures) of the all-reduce every node's torchrun printed as `found`: the workers not root,
+    every process there, every element right, no socket fallback where RDMA devices are."""
+    world = sum(n.nproc for n in nodes)
     figures = {"nodes": len(found.get("nodes", [])), "world_size": found["world_size"], "backend": found["backend"],
                "busbw_gbs": found["busbw_gbs"], "algbw_gbs": found["algbw_gbs"], "size_bytes": found["size_bytes"],
                "wrong_elements": found["wrong_elements"]}
-    missing = sorted(set(by_name) - set(found.get("nodes", [])))
-    summary["worker_uids"] = found.get("uids")
+    missing = sorted({n.name for n in nodes} - set(found.get("nodes", [])))
     fallbacks = _socket_fallbacks(transports) if found["backend"] == "nccl" else {}
-    if found["backend"] == "nccl":
-        summary["transport"] = transports
     if user != "root" and 0 in (found.get("uids") or [0]):
         status, reason = "fail", f"the workers ran as root, not as {user}"
     elif missing or found["world_size"] != world:
@@ -427,11 +438,7 @@ def run_multinode(nodes: list[Node], hosts: list, settings, *, jump_of, port: in
         status, reason = "pass", (f"all-reduce over {len(nodes)} nodes ({world} processes, {found['backend']}"
                                   f"{f', NCCL network {network}' if network else ''}) correct; bus bandwidth "
                                   f"{found['busbw_gbs']:.2f} GB/s")
-    summary.update(status=status, reason=reason, figures=figures)
-    shown = ("nccl_network", "rdma_devices", "rdma_reachable") if found["backend"] == "nccl" else ()
-    per_host = {n.name: {**figures, **{key: transports.get(n.name, {}).get(key) for key in shown}} for n in nodes}
-    return {"results": {n.name: result(status, reason, per_host[n.name], len(nodes)) for n in nodes},
-            "summary": summary}
+    return status, reason, figures
 
 
 def _socket_fallbacks(transports: dict) -> dict[str, str]:

@@ -12,7 +12,7 @@ import uuid
 import paramiko
 import pytest
 import yaml
-from labutil import docker_networks
+from labutil import docker_networks, on_host
 
 import gpuprov.lab
 from gpuprov.lab import profiles as lab_profiles
@@ -123,7 +123,10 @@ def test_inventory_describes_the_hosts(lab):
         entry = doc["hosts"][host.name]
         assert entry["port"] == host.port and entry["address"] == "127.0.0.1"
         assert entry["groups"] == ["lab", host.profile]
-        assert entry["vars"]["lab"] == {"profile": host.profile, "internal_ip": host.internal_ip}
+        # the default lab's hosts run Debian 12 (what their own /etc/os-release says, asked through docker exec)
+        release = on_host(lab, host.name, ". /etc/os-release && echo $VERSION_CODENAME").strip()
+        assert release == "bookworm"
+        assert entry["vars"]["lab"] == {"profile": host.profile, "internal_ip": host.internal_ip, "release": release}
         assert entry["vars"]["hardware"] == host.hardware
     # Docker on the HGX hosts only (profiles.yaml): lab tests cover hosts with and without a container engine
     assert doc["groups"]["hgx-h100"]["vars"] == {"container_engine": "docker"}

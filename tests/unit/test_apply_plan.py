@@ -3,7 +3,7 @@
 import subprocess
 
 import pytest
-from test_ops_base import bare_facts, make_repo, make_stack
+from helpers.ops import bare_facts, make_repo, make_stack
 
 from gpuprov.apply import batch_script, parse_steps
 from gpuprov.errors import InputError, mask_credentials

@@ -35,6 +35,8 @@ def firewall_results(tmp_path, live: str, stored: str, ruleset: str) -> dict:
             if r.control.area == "firewall"}
 
 
+@pytest.mark.root
+@pytest.mark.tool
 @needs_nft
 def test_firewall_controls_pass_on_the_loaded_ruleset(tmp_path):
     ruleset = render(build_rules(VARIABLES, [22]))
@@ -46,6 +48,8 @@ def test_firewall_controls_pass_on_the_loaded_ruleset(tmp_path):
         "firewall-no-other-ruleset": ("pass", "none")}
 
 
+@pytest.mark.root
+@pytest.mark.tool
 @needs_nft
 def test_a_rule_added_by_hand_is_caught(tmp_path):
     ruleset = render(build_rules(VARIABLES, [22]))
@@ -56,6 +60,8 @@ def test_a_rule_added_by_hand_is_caught(tmp_path):
     assert results["firewall-persisted"][0] == "pass"
 
 
+@pytest.mark.root
+@pytest.mark.tool
 @needs_nft
 def test_a_policy_accept_table_fails_the_inbound_control(tmp_path):
     ruleset = render(build_rules(VARIABLES, [22]))
@@ -63,6 +69,8 @@ def test_a_policy_accept_table_fails_the_inbound_control(tmp_path):
     assert firewall_results(tmp_path, loose, loose, ruleset)["firewall-inbound-drop"] == ("fail", "accept")
 
 
+@pytest.mark.root
+@pytest.mark.tool
 @needs_nft
 def test_another_firewall_fails_the_audit_and_is_named(tmp_path):
     ruleset = render(build_rules(VARIABLES, [22]))

@@ -36,6 +36,7 @@ def os_release_id() -> str:
     raise AssertionError("no ID= in /etc/os-release")
 
 
+@pytest.mark.root
 @pytest.mark.skipif(os.geteuid() != 0, reason="the facts script runs as root")
 def test_facts_of_this_machine(tmp_path):
     managed = tmp_path / "managed.conf"
@@ -80,6 +81,9 @@ def bridge_interfaces() -> set[str]:
     return {line.split(":")[1].strip().split("@")[0] for line in out.splitlines()}
 
 
+@pytest.mark.root
+@pytest.mark.tool
+@pytest.mark.docker
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("docker") is None or shutil.which("ip") is None,
                     reason="the facts script runs as root; needs docker and ip")
 def test_docker_bridges_of_this_machine():
@@ -128,6 +132,8 @@ DEBIAN_DEFAULT = ("table inet filter {\n chain input {\n  type filter hook input
                   " chain output {\n  type filter hook output priority filter;\n }\n}\n")
 
 
+@pytest.mark.root
+@pytest.mark.tool
 @pytest.mark.skipif(os.geteuid() != 0 or not all(shutil.which(t) for t in ("nft", "iptables", "iptables-legacy")),
                     reason="needs root, nft, iptables and iptables-legacy")
 @pytest.mark.parametrize(("extra", "expected"), [

@@ -31,6 +31,7 @@ FLEET = {
 }
 
 
+@pytest.mark.tool
 @needs_nft
 @pytest.mark.parametrize("variables", [{}, FLEET, {"firewall": {"allow": [{"port": 2222, "proto": "tcp",
                                                                             "sources": ["0.0.0.0/0"]}]}}])
@@ -44,6 +45,7 @@ entries = st.fixed_dictionaries({"port": st.integers(1, 65535), "proto": st.samp
                                  "sources": st.lists(cidrs, min_size=1, max_size=5)})
 
 
+@pytest.mark.tool
 @needs_nft
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(allow=st.lists(entries, max_size=6), cluster=st.lists(cidrs, max_size=4))
@@ -132,6 +134,8 @@ def test_lockout_when_the_controller_is_outside_the_ssh_sources(controller, refu
     assert bool(firewall_refusals(policy, {"controller": controller})) is refused
 
 
+@pytest.mark.root
+@pytest.mark.tool
 @needs_nft
 def test_the_listing_of_a_loaded_ruleset_is_stable(tmp_path):
     """What makes the live comparison sound: loading the file again lists the same text (a scratch netns)."""
@@ -166,6 +170,8 @@ def test_the_exporters_monitoring_deploys_are_open_to_the_monitoring_network_onl
     assert reaches(narrow, "10.20.0.10", "tcp", 9400) and not reaches(narrow, "10.20.0.9", "tcp", 9400)
 
 
+@pytest.mark.root
+@pytest.mark.tool
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("nft") is None,
                     reason="needs root, unshare and nft")
 def test_the_ruleset_needs_no_etc_protocols(tmp_path):
@@ -249,6 +255,8 @@ kill $web $OUTSIDE $WEB $NEIGHBOUR
 """
 
 
+@pytest.mark.root
+@pytest.mark.tool
 @needs_netns
 @pytest.mark.parametrize(("allow", "expected"), [
     ([], {"outside": "closed", "docker": "open"}),
@@ -293,6 +301,8 @@ kill $SERVER
 """
 
 
+@pytest.mark.root
+@pytest.mark.tool
 @needs_netns
 def test_dhcpv6_replies_reach_the_client_from_the_link_only(tmp_path):
     """A DHCPv6 server answers from its link-local address, port 547, to the client's link-local address, port 546:

@@ -160,6 +160,7 @@ def test_a_reboot_inside_the_window_is_reverted_at_boot(managed):
     assert outcome(sh(guard.status_script())).when == answer.when
 
 
+@pytest.mark.tool
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
 def test_systemd_accepts_the_boot_unit(tmp_path):
     path = tmp_path / "gpuprov-harden-boot-revert.service"

@@ -25,7 +25,7 @@ from gpuprov.harden.run import HardenOptions, harden_host
 from gpuprov.inventory import Host
 from gpuprov.ops import pins
 
-pytestmark = [needs_sshd, needs_nft]
+pytestmark = [pytest.mark.root, pytest.mark.tool, needs_sshd, needs_nft]
 VARIABLES = {"firewall": {"allow": [{"port": 22, "proto": "tcp", "sources": ["10.0.0.0/8"]}]}}
 SUPPORTS = {"kex_algorithms": ["curve25519-sha256", "curve25519-sha256@libssh.org", "diffie-hellman-group16-sha512"],
             "ciphers": ["aes256-gcm@openssh.com", "aes128-ctr"], "macs": ["hmac-sha2-256-etm@openssh.com"],

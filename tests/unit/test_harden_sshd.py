@@ -23,7 +23,7 @@ from gpuprov.harden.facts import parse_sshd
 from gpuprov.harden.lockout import ssh_refusals
 from gpuprov.harden.policy import build_policy
 
-pytestmark = needs_sshd
+pytestmark = [pytest.mark.root, pytest.mark.tool, needs_sshd]
 
 
 def host_supports() -> dict:

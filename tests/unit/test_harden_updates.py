@@ -30,6 +30,7 @@ def apt_dump(tmp_path, files: dict[str, str]) -> dict[str, list[str]]:
     return parse_apt_config("\n".join(lines))
 
 
+@pytest.mark.tool
 @needs_apt
 @pytest.mark.parametrize("os_id", ["debian", "ubuntu"])
 def test_apt_reads_unattended_upgrades_on_over_a_distribution_default_off(tmp_path, os_id):
@@ -47,6 +48,7 @@ STACKS = [("H100-SXM", "ubuntu-22.04", 8, True), ("L40S", "debian-12", 4, False)
           ("A100-PCIE-40GB", "ubuntu-22.04", 2, False)]
 
 
+@pytest.mark.tool
 @needs_apt
 @pytest.mark.parametrize(("gpu", "os_key", "count", "nvswitch"), STACKS)
 def test_every_package_provisioning_installs_is_blacklisted(tmp_path, gpu, os_key, count, nvswitch):

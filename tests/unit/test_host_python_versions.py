@@ -11,7 +11,6 @@ simulated nvidia-smi and must give the verdicts the controller's own Python give
 from __future__ import annotations
 
 import ast
-import glob
 import importlib
 import json
 import os
@@ -23,20 +22,17 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from helpers.pythons import INTERPRETERS, MINORS, OLDER, lab_host, vermin
 
 from gpuprov.connection import Result
 from gpuprov.errors import GpuprovError
 from gpuprov.images import verify
 from gpuprov.lab import nested, registry, standins
-from gpuprov.lab.standins import gpu_profiles_table
 from gpuprov.validation import Layout, env, multinode
 from gpuprov.validation.remote import Remote
 
 REPO = Path(__file__).resolve().parents[2]
 SUITE = REPO / "gpuprov" / "smoke"
-OLDEST = "3.9"
-MINORS = (9, 10, 11, 12, 13)
-OLDER = (6, 7, 8)   # RHEL 8's python3 is 3.6
 # the scripts gpuprov sends to hosts and images as `python3 -c SCRIPT`
 SCRIPTS = {"validation.env.PROBE": env.PROBE, "validation.env.STAGE": env.STAGE,
            "validation.multinode.LISTENER": multinode.LISTENER,
@@ -112,17 +108,6 @@ def union_rule_copy(source: str) -> str:
     return "".join(line.decode() for line in lines)
 
 
-def vermin(paths: list[Path], *options: str) -> list[str]:
-    """vermin's findings that need a Python newer than OLDEST, as `FILE:LINE:COL:PY2:PY3:FEATURE` lines."""
-    done = subprocess.run([sys.executable, "-c", "import sys, vermin; sys.exit(vermin.main())", f"--target={OLDEST}-",
-                           "--violations", "--no-tips", "--no-config-file", "--format", "parsable", *options, "--",
-                           *map(str, paths)],
-                          capture_output=True, text=True, timeout=300, check=False)
-    findings = [line for line in done.stdout.splitlines() if line.count(":") >= 5 and line.split(":")[1].isdigit()]
-    assert done.returncode in (0, 1) and (done.returncode == 1) == bool(findings), done.stdout + done.stderr
-    return findings
-
-
 def copies_for_union_rule(paths: list[Path], folder: Path) -> list[Path]:
     folder.mkdir()
     out = []
@@ -188,60 +173,9 @@ def test_vermin_as_used_here_finds_what_3_9_lacks(tmp_path):
 # ---- the interpreters themselves ----------------------------------------------------------------------------------
 
 
-def interpreter(minor: int) -> str | None:
-    """A Python 3.`minor` on this machine (PATH, the system's, pyenv's), or None."""
-    pyenv = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
-    candidates = [shutil.which(f"python3.{minor}"), f"/usr/bin/python3.{minor}", f"/usr/local/bin/python3.{minor}",
-                  *sorted(glob.glob(f"{pyenv}/versions/3.{minor}.*/bin/python3.{minor}"))]
-    for candidate in candidates:
-        if not candidate or not os.access(candidate, os.X_OK):
-            continue
-        try:
-            done = subprocess.run([candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                                  capture_output=True, text=True, timeout=30, check=False)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if done.returncode == 0 and done.stdout.strip() == f"3.{minor}":
-            return candidate
-    return None
-
-
-INTERPRETERS = {minor: interpreter(minor) for minor in (*OLDER, *MINORS)}
-
-
 def needs_python(minor: int):
     return pytest.param(minor, id=f"python3.{minor}", marks=pytest.mark.skipif(
         INTERPRETERS[minor] is None, reason=f"no Python 3.{minor} on this machine (PATH, /usr/bin, pyenv)"))
-
-
-def lab_host(tmp_path: Path, python: str) -> tuple[dict, Path]:
-    """A host as the lab simulates one (an HGX H100, driver 590.48.01 loaded, persistence on, fabric up), its
-    nvidia-smi and dcgmi the lab's stand-ins run by `python`; returns (environment, config file)."""
-    root = tmp_path / "host"
-    lib = root / "usr/lib/gpuprov-lab"
-    lib.mkdir(parents=True)
-    (lib / "driver-version").write_text("590.48.01\n")
-    (lib / "driver-cuda-version").write_text("13.1\n")
-    (lib / "gpu-profiles.json").write_text(json.dumps(gpu_profiles_table()))
-    (root / "etc/gpuprov-lab").mkdir(parents=True)
-    (root / "etc/gpuprov-lab/profile").write_text("hgx-h100\n")
-    (root / "etc/hostname").write_text("gpuprov-lab-01\n")
-    state = root / "run/gpuprov-lab"
-    state.mkdir(parents=True)
-    (state / "loaded-driver").write_text("590.48.01\n")
-    (state / "persistenced").write_text("")
-    (state / "fabric-completed").write_text("")
-    tools = tmp_path / "bin"
-    tools.mkdir()
-    for tool in ("nvidia-smi", "dcgmi"):
-        (tools / tool).write_text(f'#!/bin/sh\nexec {python} {standins.FILES / tool} "$@"\n')
-        (tools / tool).chmod(0o755)
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps({"host": "gpuprov-lab-01", "expect": {"gpu": "H100", "count": 8, "driver": "590.48.01",
-                                                                       "form_factor": "sxm", "nvswitch": True}}))
-    environment = {"PATH": f"{tools}:/usr/sbin:/usr/bin:/sbin:/bin", "GPUPROV_LAB_STANDIN_ROOT": str(root),
-                   "HOME": str(tmp_path), "LANG": "C.UTF-8"}
-    return environment, config
 
 
 def run_host_checks(tmp_path: Path, python: str) -> tuple[int, dict, str]:
@@ -289,6 +223,7 @@ def standard_modules(files: list[Path]) -> list[str]:
     return sorted(names & sys.stdlib_module_names)
 
 
+@pytest.mark.interpreters
 @pytest.mark.parametrize("minor", [needs_python(m) for m in MINORS])
 def test_every_supported_python_compiles_the_host_code_and_has_its_modules(tmp_path, minor):
     files = [*host_files(), *script_files(tmp_path / "scripts")]
@@ -300,6 +235,7 @@ def test_every_supported_python_compiles_the_host_code_and_has_its_modules(tmp_p
     assert json.loads(done.stdout) == []
 
 
+@pytest.mark.interpreters
 @pytest.mark.skipif(INTERPRETERS[9] is None or INTERPRETERS[13] is None, reason="needs Python 3.9 and 3.13 here")
 def test_the_interpreters_as_used_here_refuse_what_they_lack(tmp_path):
     source = tmp_path / "new.py"
@@ -317,6 +253,7 @@ def reference(tmp_path_factory):
     return run_host_checks(tmp_path_factory.mktemp("reference"), sys.executable)
 
 
+@pytest.mark.interpreters
 @pytest.mark.parametrize("minor", [needs_python(m) for m in MINORS])
 def test_the_suite_runs_its_host_checks_on_every_supported_python(tmp_path, reference, minor):
     python = INTERPRETERS[minor]
@@ -353,6 +290,7 @@ class Host:
         return Result(command, done.returncode, done.stdout, done.stderr, 0.0)
 
 
+@pytest.mark.interpreters
 @pytest.mark.parametrize("minor", [needs_python(m) for m in OLDER])
 def test_a_host_python_older_than_3_9_is_refused_by_name(tmp_path, minor):
     python = os.path.realpath(INTERPRETERS[minor])
@@ -364,6 +302,7 @@ def test_a_host_python_older_than_3_9_is_refused_by_name(tmp_path, minor):
     assert "--image" in error.hint and "alternatives --set python3" in error.hint
 
 
+@pytest.mark.interpreters
 @pytest.mark.parametrize("minor", [needs_python(m) for m in MINORS])
 def test_every_supported_host_python_passes_the_probe(tmp_path, minor):
     python = os.path.realpath(INTERPRETERS[minor])

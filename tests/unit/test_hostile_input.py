@@ -513,10 +513,10 @@ def test_a_spec_file_name_cannot_reach_the_dockerfile(tmp_path, name):
 
 
 def test_the_shipped_specs_all_have_plain_names():
-    from gpuprov.images import SPECS
+    from gpuprov.images import SHIPPED_SPECS
     from gpuprov.images.spec import FILE_NAME
 
-    names = [p.name for p in Path(SPECS).glob("*.yaml")]
+    names = [p.name for p in Path(SHIPPED_SPECS).glob("*.yaml")]
     assert names and all(FILE_NAME.fullmatch(n) for n in names)
 
 

@@ -121,6 +121,7 @@ def inspect(reference: str) -> dict:
     return json.loads(proc.stdout)[0]
 
 
+@pytest.mark.docker
 def test_a_build_reports_each_step_as_it_starts_and_ends_and_labels_the_image(api, context, tags):
     events = []
     built = build_image(api, "tiny", context, tags, labels={"io.gpuprov.purpose": "train"},
@@ -139,6 +140,7 @@ def test_a_build_reports_each_step_as_it_starts_and_ends_and_labels_the_image(ap
     assert sorted(image["RepoTags"]) == sorted(tags)
 
 
+@pytest.mark.docker
 def test_a_rebuild_without_a_change_is_all_cache_hits_and_no_cache_runs_every_step(api, context, tags):
     first = build_image(api, "tiny", context, tags)
     again = build_image(api, "tiny", context, tags)
@@ -149,6 +151,7 @@ def test_a_rebuild_without_a_change_is_all_cache_hits_and_no_cache_runs_every_st
     assert inspect(tags[0])["Id"] == fresh.image_id
 
 
+@pytest.mark.docker
 def test_changed_only_builds_nothing_without_a_change_and_rebuilds_after_one(api, context, tags):
     first = build_image(api, "tiny", context, tags[:1])
     skipped = build_image(api, "tiny", context, tags, changed_only=True)
@@ -163,6 +166,7 @@ def test_changed_only_builds_nothing_without_a_change_and_rebuilds_after_one(api
     assert labels[CONTEXT_HASH] == rebuilt.context_hash != first.context_hash
 
 
+@pytest.mark.docker
 def test_the_context_hash_follows_names_contents_and_the_executable_bit(context):
     before = context_hash(context)
     assert context_hash(context) == before
@@ -175,6 +179,7 @@ def test_the_context_hash_follows_names_contents_and_the_executable_bit(context)
     assert context_hash(context) != before
 
 
+@pytest.mark.docker
 def test_a_failed_step_names_the_step_the_engines_message_and_the_output_tail(api, context, tags):
     dockerfile = context / "Dockerfile"
     lines = [f"line {n}" for n in range(40)]
@@ -192,6 +197,7 @@ def test_a_failed_step_names_the_step_the_engines_message_and_the_output_tail(ap
     assert shown[-16:-1] == [f"    {line}" for line in lines[-15:]]
 
 
+@pytest.mark.docker
 def test_a_step_the_runtime_cannot_start_is_named_with_the_runtimes_message(api, tmp_path, tags):
     (tmp_path / "Dockerfile").write_text("FROM scratch\nRUN true\n")
     with pytest.raises(BuildStepError) as caught:
@@ -200,6 +206,7 @@ def test_a_step_the_runtime_cannot_start_is_named_with_the_runtimes_message(api,
     assert 'exec: "/bin/sh": stat /bin/sh: no such file or directory' in caught.value.message  # runc's words
 
 
+@pytest.mark.docker
 def test_a_dockerfile_the_engine_cannot_parse_is_refused_with_the_parsers_message(api, tmp_path, tags):
     (tmp_path / "Dockerfile").write_text("FROM scratch\nBOGUS x\n")
     with pytest.raises(GpuprovError) as caught:
@@ -243,6 +250,7 @@ def test_buildx_is_refused_where_it_is_not_installed(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------------------------------- in the image
 
+@pytest.mark.docker
 def test_an_image_without_the_suite_fails_to_run_with_the_runtimes_words(engine, sh_image):
     with pytest.raises(GpuprovError) as caught:
         run_image_suite(engine, sh_image, {}, gpus=False)
@@ -254,6 +262,7 @@ def test_an_image_without_the_suite_fails_to_run_with_the_runtimes_words(engine,
                           text=True, check=True).stdout == ""   # the container is removed
 
 
+@pytest.mark.docker
 def test_what_a_command_prints_comes_back_and_inputs_arrive_in_tmp(engine, sh_image):
     ran = run_in_image(engine, sh_image, ["/bin/sh", "-c", "read line < /tmp/gpuprov/in.txt; echo \"$line\"; "
                                                            "echo err >&2; exit 3"],
@@ -261,6 +270,7 @@ def test_what_a_command_prints_comes_back_and_inputs_arrive_in_tmp(engine, sh_im
     assert (ran.rc, ran.stdout, ran.stderr) == (3, "hello from the controller\n", "err\n")
 
 
+@pytest.mark.docker
 def test_the_build_engine_runs_containers_through_the_sdk_made_when_first_needed(engine, sh_image):
     built = build_engine()
     assert built._sdk is None or socket_path() is None      # on a Unix socket, no SDK client until a container
@@ -312,6 +322,7 @@ def test_registry_credentials_come_from_both_variables_or_neither():
                                     "`docker login` applies)")
 
 
+@pytest.mark.docker
 def test_a_refused_push_names_the_reference_and_never_the_password(engine, context, tags):
     build_image(engine.api, "tiny", context, tags)
     reference = "127.0.0.1:9/gpuprov-test/tiny:1"   # nothing listens on port 9 (discard)
@@ -358,6 +369,7 @@ def test_bad_input_is_exit_2_with_nothing_written(task_ctx, tmp_path, capsys, ta
     assert not (tmp_path / "reports").exists()
 
 
+@pytest.mark.docker
 def test_testing_an_image_that_is_not_built_fails_that_image_with_a_report(task_ctx, tmp_path, capsys):
     from invoke.exceptions import Exit
 

@@ -137,6 +137,7 @@ def tag(request):
     subprocess.run(["docker", "rmi", "-f", name], capture_output=True, check=False)
 
 
+@pytest.mark.docker
 def test_a_no_change_rebuild_and_its_verification_import_no_sdk(tmp_path, tag):
     from gpuprov.lab.engine import ensure_engine
 

@@ -151,6 +151,7 @@ def apt_cache_exact_depends(package: str) -> tuple[str, ...] | None:
     return tuple(name for name, op in re.findall(r"([a-z0-9][a-z0-9+.-]+)(?::any)? \((=) [^)]+\)", relations))
 
 
+@pytest.mark.tool
 @pytest.mark.skipif(shutil.which("apt-cache") is None, reason="apt-cache (Debian or Ubuntu) is the judge")
 def test_the_exact_version_families_are_what_apt_cache_shows():
     shown = {package: apt_cache_exact_depends(package) for package in EXACT_DEPENDS}
@@ -216,6 +217,7 @@ def apt_words(dockerfile: Path, names: tuple[str, ...]) -> list[str]:
             and word.split("=")[0] in names]
 
 
+@pytest.mark.tool
 @pytest.mark.skipif(shutil.which("apt-get") is None, reason="apt-get (Debian or Ubuntu) is the judge")
 def test_the_rendered_apt_pins_install_after_the_release_moved_python3_in_its_updates(rendered, tmp_path):
     family = ("python3", "python3-minimal", "libpython3-stdlib", "python3-venv")

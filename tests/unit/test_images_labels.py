@@ -17,6 +17,7 @@ def git(root, *args: str) -> None:
     subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True)
 
 
+@pytest.mark.tool
 def test_the_source_label_of_a_checkout_keeps_no_login(tmp_path):
     git(tmp_path, "init", "-q")
     git(tmp_path, "remote", "add", "origin", "https://u:p@ss@git.example.org/org/repo.git")

@@ -36,7 +36,7 @@ def test_hadolint_finds_nothing_to_fail_in_any_rendered_dockerfile(dockerfiles):
 
 def test_every_hadolint_ignore_in_the_blocks_is_justified():
     """An ignore comment names its rules, and the comment line above it says why."""
-    for block in sorted((PROJECT / "templates").rglob("*.j2")):
+    for block in sorted((PROJECT / "gpuprov" / "images" / "templates").rglob("*.j2")):
         lines = block.read_text().splitlines()
         for number, line in enumerate(lines):
             if IGNORE.search(line):
@@ -68,10 +68,10 @@ def test_images_lint_passes_on_the_shipped_specs(tmp_path, monkeypatch, capsys):
 
 def test_images_lint_fails_on_a_block_hadolint_refuses(tmp_path, monkeypatch, capsys):
     templates = tmp_path / "templates"
-    shutil.copytree(PROJECT / "templates", templates)
+    shutil.copytree(PROJECT / "gpuprov" / "images" / "templates", templates)
     block = templates / "blocks" / "apt.j2"
     block.write_text(block.read_text().replace("--no-install-recommends \\\n", "--no-install-recommends curl \\\n"))
-    monkeypatch.setattr(gpuprov.images, "TEMPLATES", templates)
+    monkeypatch.chdir(tmp_path)                     # the user's ./templates/ replace the shipped ones
     monkeypatch.setattr(gpuprov.images, "OUTPUT", tmp_path / "out")
     with pytest.raises(Exit) as info:
         image_tasks.lint(Context(), name=["cuda-onnxruntime-infer"])

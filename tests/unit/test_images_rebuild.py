@@ -97,6 +97,7 @@ def test_a_file_that_shrinks_while_it_is_sent_is_an_error_naming_it(tmp_path):
     assert caught.value.message == f"cannot send {big} to the engine: it shrank to 4096 bytes while it was sent"
 
 
+@pytest.mark.docker
 def test_a_context_the_sdk_built_is_all_cache_hits_when_streamed(engine, tmp_path, tags):
     context = tree(tmp_path / "ctx")
     labels = {CONTEXT_HASH: context_hash(context)}
@@ -107,6 +108,7 @@ def test_a_context_the_sdk_built_is_all_cache_hits_when_streamed(engine, tmp_pat
     assert inspect(tags[1])["Id"] == inspect(tags[0])["Id"] == streamed.image_id
 
 
+@pytest.mark.docker
 def test_the_context_is_hashed_once_when_the_labels_carry_its_hash(engine, tmp_path, tags, monkeypatch):
     context = tree(tmp_path / "ctx")
     digest = context_hash(context)
@@ -251,6 +253,7 @@ def tiny_context(folder: Path, image, note: str) -> Path:
     return folder
 
 
+@pytest.mark.docker
 def test_a_no_change_build_starts_no_container_and_a_change_is_rebuilt_and_verified(
         engine, tmp_path, tags, probes, monkeypatch):
     image = lab_image()
@@ -290,7 +293,7 @@ def test_a_no_change_build_starts_no_container_and_a_change_is_rebuilt_and_verif
 def local_specs() -> set[str]:
     """The shipped specs on a local base, as the YAML says (a spec's images are its name and matrix entries)."""
     names = set()
-    for path in (PROJECT / "images").glob("*.yaml"):
+    for path in (PROJECT / "gpuprov" / "images" / "specs").glob("*.yaml"):
         spec = yaml.safe_load(path.read_text())
         if "local" in (spec.get("base") or {}):
             names.add(spec["name"])

@@ -287,7 +287,7 @@ def test_values_reach_the_dockerfile_as_written(tmp_path):
 
 def test_an_undefined_template_variable_names_the_template_and_the_variable(tmp_path):
     templates = tmp_path / "templates"
-    shutil.copytree(PROJECT / "templates", templates)
+    shutil.copytree(PROJECT / "gpuprov" / "images" / "templates", templates)
     path = tmp_path / "spec.yaml"
     path.write_text(SPEC)
     [image] = load_spec(path)
@@ -309,16 +309,17 @@ def test_an_undefined_template_variable_names_the_template_and_the_variable(tmp_
 
 
 def test_a_bad_template_is_exit_2_from_images_render(tmp_path, monkeypatch, capsys):
+    """The user's ./templates/ (a copy of the shipped ones, one block edited) is the one images.render uses."""
     templates = tmp_path / "templates"
-    shutil.copytree(PROJECT / "templates", templates)
+    shutil.copytree(PROJECT / "gpuprov" / "images" / "templates", templates)
     (templates / "blocks" / "labels.j2").write_text("LABEL x={{ image.tag }}\n")
-    monkeypatch.setattr(gpuprov.images, "TEMPLATES", templates)
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(gpuprov.images, "OUTPUT", tmp_path / "out")
     with pytest.raises(Exit) as info:
         image_tasks.render(Context(), name=["cuda-pytorch-train"])
     assert info.value.code == 2
-    assert (f"{templates / 'blocks' / 'labels.j2'}:1:1: template: undefined variable: 'dict object' has no attribute "
-            "'tag' (rendering cuda-pytorch-train-2.8.0-cu128)") in capsys.readouterr().err
+    assert (f"{Path('templates') / 'blocks' / 'labels.j2'}:1:1: template: undefined variable: 'dict object' has no "
+            "attribute 'tag' (rendering cuda-pytorch-train-2.8.0-cu128)") in capsys.readouterr().err
 
 
 def test_images_render_and_list(tmp_path, monkeypatch, capsys):
@@ -338,6 +339,7 @@ def _git(*args: str, cwd: Path = PROJECT) -> str:
     return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=True).stdout.strip()
 
 
+@pytest.mark.tool
 def test_images_bake_writes_targets_with_tags_and_labels(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(gpuprov.images, "OUTPUT", tmp_path)
     image_tasks.bake(Context(), name=["lab-pytorch-cpu"], registry="127.0.0.1:5000/")
@@ -358,6 +360,7 @@ def test_images_bake_writes_targets_with_tags_and_labels(tmp_path, monkeypatch, 
     assert info.value.code == 2
 
 
+@pytest.mark.tool
 def test_provenance_of_a_checkout(tmp_path, monkeypatch):
     monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
     monkeypatch.setenv("GIT_COMMITTER_DATE", "2024-01-02T03:04:05+02:00")

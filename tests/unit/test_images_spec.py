@@ -287,8 +287,13 @@ def test_a_local_base_is_a_cpu_image(tmp_path):
         """
     assert errors(tmp_path, text) == ["FILE:3:7: gpus: a local base makes a CPU image (the CPU wheel): remove gpus"]
     assert errors(tmp_path, textwrap.dedent(text).replace("gpus: [H100-SXM]\n", "")) == [
-        "FILE:3:15: base.local: give the tag of other/image (repository:tag), or pin it with base.digest; only the "
-        "lab's base (gpuprov-lab/debian12-base) is named without one"]
+        "FILE:3:15: base.local: give the tag of other/image (repository:tag), such as other/image:1.0"]
+    # the lab's base has no exception: its specs name its tag (the images package knows nothing of the lab)
+    lab_base = textwrap.dedent(text).replace("gpus: [H100-SXM]\n", "")
+    lab_base = lab_base.replace("other/image", "gpuprov-lab/debian12-base")
+    assert errors(tmp_path, lab_base) == [
+        "FILE:3:15: base.local: give the tag of gpuprov-lab/debian12-base (repository:tag), such as "
+        "gpuprov-lab/debian12-base:1.0"]
 
 
 def test_two_spec_files_with_one_name(tmp_path):
@@ -301,15 +306,16 @@ def test_two_spec_files_with_one_name(tmp_path):
 
 
 def test_a_bad_spec_is_exit_2_from_every_task(tmp_path, monkeypatch, capsys):
-    write(tmp_path, GOOD.replace('"12.8.1"', '"12.7.0"'))
-    monkeypatch.setattr(gpuprov.images, "SPECS", tmp_path)
+    (tmp_path / "images").mkdir()                   # the user's ./images/ replace the shipped specs
+    write(tmp_path / "images", GOOD.replace('"12.8.1"', '"12.7.0"'))
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(gpuprov.images, "OUTPUT", tmp_path / "out")
     for task in (image_tasks.list_, image_tasks.render, image_tasks.lint, image_tasks.bake):
         with pytest.raises(Exit) as info:
             task(Context())
         assert info.value.code == 2
         err = capsys.readouterr().err
-        assert f"{tmp_path / 'spec.yaml'}:4:14: base.cuda: unknown CUDA release 12.7" in err
+        assert "images/spec.yaml:4:14: base.cuda: unknown CUDA release 12.7" in err
     assert not (tmp_path / "out").exists()
 
 

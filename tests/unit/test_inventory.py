@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
+from helpers.inventory import write
 from invoke import Context
 from invoke.exceptions import Exit
 
@@ -15,12 +15,6 @@ from gpuprov.inventory import Host, InventoryError, load_inventory, parse_jump
 from gpuprov.tasks import inventory as inventory_tasks
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def write(tmp_path: Path, text: str, name: str = "inv.yaml") -> Path:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(text))
-    return path
 
 
 def errors_of(path: Path) -> list[str]:

@@ -7,10 +7,9 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+from helpers.inventory import check_fails, write
 from invoke import Config, Context
 from invoke.exceptions import Exit
-from test_inventory import write
-from test_inventory_yaml import check_fails
 
 from gpuprov.inventory import Inventory, InventoryError, load_inventory
 from gpuprov.tasks import facts as facts_tasks

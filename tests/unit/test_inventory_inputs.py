@@ -7,8 +7,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from test_inventory import write
-from test_inventory_yaml import check_fails
+from helpers.inventory import check_fails, write
 
 
 @pytest.mark.parametrize(("make", "problem"), [

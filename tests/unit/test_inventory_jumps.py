@@ -5,10 +5,9 @@ a host task on such an inventory exits 2 before any host is contacted."""
 from __future__ import annotations
 
 import pytest
+from helpers.inventory import check_fails, write
 from invoke import Config, Context
 from invoke.exceptions import Exit
-from test_inventory import write
-from test_inventory_yaml import check_fails
 
 from gpuprov.inventory import load_inventory
 from gpuprov.tasks import provision as provision_tasks

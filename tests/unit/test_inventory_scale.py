@@ -3,8 +3,8 @@ the part they protect is read: the file's size, the nesting depth, what aliases 
 
 from __future__ import annotations
 
+from helpers.inventory import check_fails
 from invoke import Context
-from test_inventory_yaml import check_fails
 
 from gpuprov.inventory import load_inventory
 from gpuprov.tasks import inventory as inventory_tasks

@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers.inventory import check_fails, write
 from invoke import Context
 from invoke.exceptions import Exit
-from test_inventory import write
-from test_inventory_yaml import check_fails
 
 from gpuprov.tasks import inventory as inventory_tasks
 

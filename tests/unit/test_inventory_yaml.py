@@ -5,21 +5,11 @@ was reading began. Each bad file is exit 2 from `inventory.check`, with the exac
 from __future__ import annotations
 
 import pytest
+from helpers.inventory import check_fails, write
 from invoke import Context
-from invoke.exceptions import Exit
-from test_inventory import write
 
 from gpuprov.inventory import load_inventory
 from gpuprov.tasks import inventory as inventory_tasks
-
-
-def check_fails(path, capsys) -> list[str]:
-    """stderr lines of `inventory.check` on a bad file; exit 2 and the file unchanged."""
-    before = path.read_bytes()
-    with pytest.raises(Exit) as info:
-        inventory_tasks.check(Context(), inventory=str(path))
-    assert info.value.code == 2 and path.read_bytes() == before
-    return capsys.readouterr().err.splitlines()
 
 
 def test_yaml_1_1_booleans_and_numbers_are_host_names(tmp_path, capsys):

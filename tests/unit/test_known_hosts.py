@@ -21,10 +21,10 @@ from pathlib import Path
 
 import paramiko
 import pytest
+from helpers.tasks import INVENTORY, exit_code
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from invoke import Config, Context
-from test_tasks_hosts import INVENTORY, exit_code
 
 from gpuprov.connection import ConnectError, HostConnection, HostKeyError
 from gpuprov.errors import InputError
@@ -96,6 +96,7 @@ def test_each_form_is_matched_for_its_host_and_port(tmp_path, name, known):
     assert types_for(written(tmp_path, MATCHING), name) == (["ssh-ed25519"] if known else [])
 
 
+@pytest.mark.tool
 @pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs OpenSSH's ssh-keygen")
 @pytest.mark.parametrize("name", ["gpu01", "[gpu01]:2222", "[10.0.0.5]:2222", "10.0.0.5", "gpu02",
                                   "[10.0.0.6]:2200", "x.lab", "bad.lab", "gpu07.rack"])

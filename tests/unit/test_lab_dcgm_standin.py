@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from helpers.lab import H100, L40S, capture, changes, field_of, make_root, query, set_faults, snapshot
 from prometheus_client.parser import text_string_to_metric_families
-from test_lab_smi import H100, L40S, capture, changes, field_of, make_root, query, set_faults, snapshot
 
 from gpuprov.lab import faults as lab_faults
 from gpuprov.lab import standins
@@ -321,10 +321,11 @@ def test_package_is_nvidias_name_and_version_with_its_layout(tmp_path):
     assert f"Description: {standins.NOT_NVIDIA}\n" in control
 
 
+@pytest.mark.tool
 def test_the_mirror_carries_the_exporter_of_each_stacks_dcgm(tmp_path):
-    from test_lab_mirror import KERNEL, _stack
+    from helpers.lab import KERNEL, mirror_stack
 
-    old, new = _stack("570", "570.148.08"), _stack("580", "580.95.05")
+    old, new = mirror_stack("570", "570.148.08"), mirror_stack("580", "580.95.05")
     new["dcgm"] = {"version": "4.4.1", "packages": [{"name": "datacenter-gpu-manager-4-core", "version": "1:4.4.1-1"}]}
     specs = standins.standin_packages([old, new], KERNEL)
     exporters = sorted((s.version, s.role) for s in specs if s.name == "datacenter-gpu-manager-exporter")

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_lab_smi import make_root
+from helpers.lab import make_root
 
 from gpuprov.lab import standins
 from gpuprov.smoke import tools_dcgm

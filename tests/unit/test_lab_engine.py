@@ -53,3 +53,47 @@ def test_host_context_holds_the_dockerfile_and_the_lspci_stand_in():
     assert "STOPSIGNAL SIGRTMIN+3" in dockerfile and 'CMD ["/sbin/init"]' in dockerfile
     assert context["lspci"].startswith(b"#!/usr/bin/python3\n")
     assert context["authorized_keys"] == b"ssh-ed25519 AAAA lab\n"
+
+
+def test_the_container_of_a_host_name_or_container(monkeypatch):
+    import sys
+    from types import SimpleNamespace
+
+    from gpuprov.lab.state import LabHost
+
+    asked = []
+    client = SimpleNamespace(containers=SimpleNamespace(get=lambda ident: asked.append(ident) or f"container {ident}"))
+    monkeypatch.setitem(sys.modules, "docker", SimpleNamespace(from_env=lambda: client))
+    container = SimpleNamespace(exec_run=lambda argv: None)
+    assert engine.container_of(container) is container and asked == []
+    assert engine.container_of("gpuprov-lab-h100") == "container gpuprov-lab-h100"
+    host = LabHost("gpu01", "h100", 2222, None, "c0ffee", {})
+    assert engine.container_of(host) == "container c0ffee"  # its container id, not its name
+    assert asked == ["gpuprov-lab-h100", "c0ffee"]
+
+
+def test_a_lab_container_is_found_by_name_and_label(monkeypatch):
+    import sys
+    from types import SimpleNamespace
+
+    class NotFound(Exception):
+        pass
+
+    monkeypatch.setitem(sys.modules, "docker", SimpleNamespace(errors=SimpleNamespace(NotFound=NotFound)))
+    monkeypatch.setitem(sys.modules, "docker.errors", SimpleNamespace(NotFound=NotFound))
+    lab = SimpleNamespace(labels={"gpuprov.lab": "1"})
+    stranger = SimpleNamespace(labels={"com.example": "x"})
+    found = {"gpuprov-lab-mirror": lab, "gpuprov-lab-registry": stranger}
+
+    def get(name):
+        if name not in found:
+            raise NotFound(name)
+        return found[name]
+
+    client = SimpleNamespace(containers=SimpleNamespace(get=get))
+    assert engine.find_lab_container(client, "gpuprov-lab-mirror", "lab mirror") is lab
+    assert engine.find_lab_container(client, "gpuprov-lab-gone", "lab mirror") is None
+    with pytest.raises(GpuprovError) as err:
+        engine.find_lab_container(client, "gpuprov-lab-registry", "lab registry")
+    assert str(err.value).startswith("lab registry: a container named gpuprov-lab-registry exists but is not the lab's")
+    assert err.value.step == "lab registry" and "docker rm -f gpuprov-lab-registry" in err.value.hint

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.lab import KERNEL, mirror_stack
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -27,38 +28,11 @@ from gpuprov.lab.standins import (
     standin_packages,
 )
 
-KERNEL = "6.1.0-18-amd64"
-
-
-def _stack(branch: str, version: str, *, pinning: bool = False, fabric: bool = True, cuda: str = "12.8.1",
-           nccl: str = "2.26.2") -> dict:
-    driver_pkgs = ([{"name": f"nvidia-driver-pinning-{branch}", "version": f"{version}-1"},
-                    {"name": "nvidia-open", "version": f"{version}-1"}] if pinning
-                   else [{"name": f"nvidia-open-{branch}", "version": f"{version}-1"}])
-    dash = "-".join(cuda.split(".")[:2])
-    return {
-        "gpu": {"model": "H100-SXM"}, "os": "debian-12",
-        "driver": {"branch": branch, "version": version, "kernel_modules": "open", "packages": driver_pkgs},
-        "cuda": {"version": cuda, "packages": [{"name": f"cuda-toolkit-{dash}", "version": f"{cuda}-1"}]},
-        "forward_compat": False,
-        "nccl": {"version": nccl, "packages": [{"name": "libnccl2", "version": f"{nccl}-1+cuda12.8"},
-                                               {"name": "libnccl-dev", "version": f"{nccl}-1+cuda12.8"}]},
-        "container_toolkit": {"version": "1.17.8", "packages": [
-            {"name": "nvidia-container-toolkit", "version": "1.17.8-1"},
-            {"name": "nvidia-container-toolkit-base", "version": "1.17.8-1"}]},
-        "fabricmanager": ({"version": version, "packages": [
-            {"name": f"nvidia-fabricmanager-{branch}" if not pinning else "nvidia-fabricmanager",
-             "version": f"{version}-1"}]} if fabric else None),
-        "dcgm": {"version": "4.2.3", "packages": [{"name": "datacenter-gpu-manager-4-core", "version": "1:4.2.3-1"}]},
-        "ngc_pytorch": None, "pytorch": None,
-    }
-
-
 # ------------------------------------------------------------------------------------------ package set
 
 def test_package_set_deduplicates_and_adds_kernel_headers():
-    stacks = [_stack("570", "570.148.08"), _stack("570", "570.148.08", fabric=False),
-              _stack("595", "595.58.03", pinning=True, cuda="13.2.1", nccl="2.30.4")]
+    stacks = [mirror_stack("570", "570.148.08"), mirror_stack("570", "570.148.08", fabric=False),
+              mirror_stack("595", "595.58.03", pinning=True, cuda="13.2.1", nccl="2.30.4")]
     specs = standin_packages(stacks, KERNEL)
     keys = [(s.name, s.version) for s in specs]
     assert len(keys) == len(set(keys))
@@ -76,7 +50,7 @@ def test_package_set_deduplicates_and_adds_kernel_headers():
 
 
 def test_cuda_compat_gets_its_own_role_and_driver_version():
-    stack = _stack("535", "535.274.02")
+    stack = mirror_stack("535", "535.274.02")
     stack["cuda"]["packages"].append({"name": "cuda-compat-12-8", "version": "570.124.06-1"})
     compat = next(s for s in standin_packages([stack], KERNEL) if s.name == "cuda-compat-12-8")
     assert compat.role == "cuda_compat" and compat.upstream == "570.124.06"
@@ -88,7 +62,7 @@ def test_cuda_compat_gets_its_own_role_and_driver_version():
 @pytest.mark.parametrize("name,version", [("Bad_Name", "1.0-1"), ("nvidia-open-570", "not a version"),
                                           ("nvidia-open-570", "1.0; rm -rf /")])
 def test_invalid_package_in_stack_is_refused(name, version):
-    stack = _stack("570", "570.148.08")
+    stack = mirror_stack("570", "570.148.08")
     stack["driver"]["packages"] = [{"name": name, "version": version}]
     with pytest.raises(GpuprovError, match="not a valid Debian name/version"):
         standin_packages([stack], KERNEL)
@@ -157,7 +131,7 @@ def _closure(specs, root: str) -> dict[str, str]:
 
 
 def test_open_570_metapackage_pulls_nvidias_real_package_names_at_its_version():
-    specs = standin_packages([_stack("570", "570.133.20")], KERNEL)
+    specs = standin_packages([mirror_stack("570", "570.133.20")], KERNEL)
     pulled = _closure(specs, "nvidia-open-570")
     assert set(pulled) >= REAL_570_OPEN
     assert {pulled[name] for name in REAL_570_OPEN} == {"570.133.20-1"}
@@ -168,7 +142,7 @@ def test_open_570_metapackage_pulls_nvidias_real_package_names_at_its_version():
 
 
 def test_unversioned_metapackages_from_590_pull_unversioned_parts():
-    specs = standin_packages([_stack("595", "595.58.03", pinning=True)], KERNEL)
+    specs = standin_packages([mirror_stack("595", "595.58.03", pinning=True)], KERNEL)
     pulled = _closure(specs, "nvidia-open")
     assert {"nvidia-driver-open", "nvidia-dkms-open", "libnvidia-compute", "nvidia-utils",
             "nvidia-kernel-common", "nvidia-firmware-595.58.03"} <= set(pulled)
@@ -187,7 +161,7 @@ def test_proprietary_metapackage_pulls_the_proprietary_kernel_module():
 
 
 def test_cuda_toolkit_pulls_its_parts_by_minimum_versions_as_nvidias_does():
-    specs = {s.name: s for s in standin_packages([_stack("570", "570.148.08")], KERNEL)}
+    specs = {s.name: s for s in standin_packages([mirror_stack("570", "570.148.08")], KERNEL)}
     toolkit = specs["cuda-toolkit-12-8"]
     # NVIDIA's 12.8.1: metapackages at 12.8.1-1, cuda-cudart-12-8 12.8.90-1 and libcublas-12-8 12.8.4.1-1 (the
     # versions NVIDIA's 12.8.1 cuda images install)
@@ -202,7 +176,7 @@ def test_cuda_toolkit_pulls_its_parts_by_minimum_versions_as_nvidias_does():
 
 
 def test_the_newer_cuda_patch_release_has_every_part_newer_for_apt():
-    stack = _stack("595", "595.58.03", pinning=True, cuda="13.2.1", nccl="2.30.4")
+    stack = mirror_stack("595", "595.58.03", pinning=True, cuda="13.2.1", nccl="2.30.4")
     current = {s.name: s for s in standin_packages([stack], KERNEL) if s.role in ("cuda", "cuda_part")}
     newer = {s.name: s for s in standins.newer_cuda_release(stack)}
     assert newer["cuda-toolkit-13-2"].version == "13.2.99-1" and set(newer) == set(current)
@@ -253,7 +227,7 @@ def test_each_driver_part_replaces_the_same_part_of_another_branch():
 def test_newer_point_release_is_the_same_branch_and_newer_for_apt():
     assert standins.newer_upstream("570.148.08") == "570.999.01"
     assert standins.newer_upstream("595.80") == "595.999"
-    stack = _stack("595", "595.58.03", pinning=True)
+    stack = mirror_stack("595", "595.58.03", pinning=True)
     point = standins.newer_point_release(stack)
     names = {s.name for s in point}
     assert {"nvidia-open", "nvidia-driver-pinning-595", "nvidia-fabricmanager", "libnvidia-compute",
@@ -266,7 +240,7 @@ def test_newer_point_release_is_the_same_branch_and_newer_for_apt():
 
 
 def test_every_stack_section_with_packages_gets_stand_ins():
-    stack = _stack("595", "595.58.03", pinning=True)
+    stack = mirror_stack("595", "595.58.03", pinning=True)
     stack["nscq"] = {"version": "595.58.03", "packages": [{"name": "libnvidia-nscq", "version": "595.58.03-1"}]}
     stack["nvlsm"] = {"version": "2025.10.11", "packages": [{"name": "nvlsm", "version": "2025.10.11-1"}]}
     stack["pytorch"] = {"version": "2.14", "wheel": "cu132"}
@@ -279,7 +253,7 @@ def test_every_stack_section_with_packages_gets_stand_ins():
 
 
 def test_point_release_covers_each_profiles_newest_branch_only():
-    stacks = [_stack("570", "570.211.01"), _stack("595", "595.58.03", pinning=True)]
+    stacks = [mirror_stack("570", "570.211.01"), mirror_stack("595", "595.58.03", pinning=True)]
     point = standins.point_release_packages(stacks)
     assert {s.upstream for s in point if s.role.startswith("driver")} == {"595.999.01"}
     assert {s.version for s in point if s.name.startswith("cuda-toolkit-")} == {"12.8.99-1"}
@@ -489,13 +463,14 @@ needs_tools = pytest.mark.skipif(not (shutil.which("dpkg-deb") and shutil.which(
                                  reason="needs dpkg-deb and gpg (Debian)")
 
 
+@pytest.mark.tool
 @needs_tools
 def test_build_repo_signs_a_flat_repository(tmp_path):
     from gpuprov.lab.mirror import MirrorInfo, build_repo, mirror_vars
     from gpuprov.lab.state import LabPaths
 
     paths = LabPaths(tmp_path)
-    repo = build_repo(paths, [_stack("570", "570.148.08")], kernel=KERNEL)
+    repo = build_repo(paths, [mirror_stack("570", "570.148.08")], kernel=KERNEL)
     assert len(repo.fingerprint) == 40 and repo.key_file == tmp_path / ".lab/mirror-key.asc"
     for name in ("Packages", "Packages.gz", "Release", "InRelease", "Release.gpg"):
         assert (repo.path / name).is_file()
@@ -510,7 +485,7 @@ def test_build_repo_signs_a_flat_repository(tmp_path):
     verify = subprocess.run(["gpgv", "--keyring", str(keyring), str(repo.path / "InRelease")],
                             capture_output=True, text=True, check=False)
     assert verify.returncode == 0, verify.stderr
-    again = build_repo(paths, [_stack("570", "570.148.08")], kernel=KERNEL)
+    again = build_repo(paths, [mirror_stack("570", "570.148.08")], kernel=KERNEL)
     assert again.path == repo.path and again.fingerprint == repo.fingerprint
     info_vars = mirror_vars(MirrorInfo("http://172.18.0.9/", repo.key_file, repo.fingerprint))
     assert info_vars == {"url": "http://172.18.0.9/", "key_file": str(repo.key_file),
@@ -535,6 +510,7 @@ def _tiny_deb(tmp_path, name: str, version: str) -> Path:
     return target
 
 
+@pytest.mark.tool
 @needs_tools
 def test_real_debian_packages_sit_beside_the_standins_and_change_the_digest(tmp_path):
     from gpuprov.lab.debian import DebianDeb, DebianDebs
@@ -542,7 +518,7 @@ def test_real_debian_packages_sit_beside_the_standins_and_change_the_digest(tmp_
     from gpuprov.lab.state import LabPaths
 
     paths = LabPaths(tmp_path)
-    stacks = [_stack("570", "570.148.08")]
+    stacks = [mirror_stack("570", "570.148.08")]
     plain = build_repo(paths, stacks, kernel=KERNEL)
     deb = _tiny_deb(tmp_path, "tini", "0.19.0-1+b3")
     debian = DebianDebs("k", (DebianDeb("tini", "0.19.0-1+b3", deb, "0" * 64),))
@@ -602,13 +578,14 @@ DRIVER_PINS = ("Package: nvidia-* libnvidia-* xserver-xorg-video-nvidia*\nPin: v
                "Pin-Priority: 1001\n")
 
 
+@pytest.mark.tool
 @pytest.mark.skipif(not (shutil.which("apt-get") and shutil.which("dpkg-deb") and shutil.which("gpg")),
                     reason="needs apt-get, dpkg-deb and gpg (Debian)")
 def test_apt_resolves_the_metapackage_and_a_held_stack_ignores_the_point_release(tmp_path):
     from gpuprov.lab.mirror import build_repo
     from gpuprov.lab.state import LabPaths
 
-    repo = build_repo(LabPaths(tmp_path), [_stack("595", "595.58.03", pinning=True)], kernel=KERNEL)
+    repo = build_repo(LabPaths(tmp_path), [mirror_stack("595", "595.58.03", pinning=True)], kernel=KERNEL)
     keyring = tmp_path / "keyring.gpg"
     subprocess.run(["gpg", "--batch", "--yes", "--dearmor", "-o", str(keyring), str(repo.key_file)], check=True)
     wanted = ("nvidia-driver-pinning-595=595.58.03-1", "nvidia-open=595.58.03-1")
@@ -666,13 +643,14 @@ def _apt(env: dict, *args: str) -> dict[str, str]:
     return dict(re.findall(r"^Inst (\S+) (?:\[\S+\] )?\((\S+)", out.stdout, re.M))
 
 
+@pytest.mark.tool
 def test_the_stand_in_toolkit_floats_for_apt_alone_and_gpuprov_installs_pins_and_holds_its_release(tmp_path):
     """Real apt over the stand-ins of the locked 13.2.1 and the newer 13.2.99: alone it takes 13.2.99's parts;
     gpuprov's install takes 13.2.1's, and its pins, or its holds, each keep `dist-upgrade` from moving them."""
     from gpuprov.ops import cuda, pins
     from gpuprov.ops.pkg import Package, for_family
 
-    stack = _stack("595", "595.58.03", pinning=True, cuda="13.2.1", nccl="2.30.4")
+    stack = mirror_stack("595", "595.58.03", pinning=True, cuda="13.2.1", nccl="2.30.4")
     current = [s for s in standin_packages([stack], KERNEL) if s.role in ("cuda", "cuda_part")]
     newer = standins.newer_cuda_release(stack)
     env = _apt_over(tmp_path, current + newer)

@@ -6,29 +6,37 @@ Expected values come from tests/fixtures/ (real nvidia-smi output), never from t
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from helpers.lab import (
+    CSV,
+    FIXTURES,
+    H100,
+    L40S,
+    NVLINK_H100,
+    capture,
+    changes,
+    field_of,
+    make_root,
+    ok,
+    query,
+    set_faults,
+    smi,
+    snapshot,
+)
 
 from gpuprov.lab import faults as lab_faults
 from gpuprov.lab import standins
 from gpuprov.lab.standins import gpu_profiles_table
 from gpuprov.smoke import nvsmi
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-CSV = FIXTURES / "nvidia-smi-query-csv"
-H100 = "h100-sxm5-80gb_query-gpu-allfields_590.48.01_idle.csv"
 H200 = "h200-sxm-141gb_query-gpu-allfields_590.48.01_idle.csv"
-L40S = "l40s_query-gpu-allfields_595.80_idle.csv"
 XML_A100 = FIXTURES / "nvidia-smi-q-xml/a100-sxm4-80gb_nvidia-smi-q-x_535.54.03.xml"
 XML_T4 = FIXTURES / "nvidia-smi-q-xml/t4_nvidia-smi-q-x_515.105.01.xml"
-NVLINK_H100 = FIXTURES / "nvidia-smi-nvlink/h100-sxm5-80gb_nvlink-s_590.48.01.txt"
 NVLINK_INACTIVE = FIXTURES / "errors/a100-sxm4-80gb_nvlink-s_all-links-inactive.txt"
 NVLINK_L40S = FIXTURES / "errors/l40s_nvlink-s_not-supported_595.80.txt"
 # Values that are the captured machine's own (its one GPU in a VM, masked identifiers, the time): the lab's GPUs
@@ -38,61 +46,6 @@ FORMATS = {"timestamp": r"\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d{3}", "count": r"\d+
            "uuid": r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
            "pci.bus_id": r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]", "pci.bus": r"0x[0-9A-F]{2}",
            "pci.device": r"0x[0-9A-F]{2}", "platform.module_id": r"\d+"}
-
-
-def capture(name: str) -> tuple[list[str], list[str]]:
-    """(header titles, values) of a real allfields capture."""
-    header, row = (CSV / name).read_text().splitlines()[:2]
-    return header.split(", "), row.split(", ")
-
-
-def field_of(title: str) -> str:
-    return title.split(" [")[0]
-
-
-def make_root(tmp_path: Path, profile: str, driver: str, *, persistence: bool = False, fabric: bool = False,
-              cuda: str = "13.1") -> Path:
-    """A lab host's files for the simulated tools: the profile, a driver installed and loaded."""
-    root = tmp_path / "host"
-    lib = root / "usr/lib/gpuprov-lab"
-    lib.mkdir(parents=True)
-    (lib / "driver-version").write_text(driver + "\n")
-    (lib / "driver-cuda-version").write_text(cuda + "\n")
-    (lib / "gpu-profiles.json").write_text(json.dumps(gpu_profiles_table()))
-    (root / "etc/gpuprov-lab").mkdir(parents=True)
-    (root / "etc/gpuprov-lab/profile").write_text(profile + "\n")
-    (root / "etc/hostname").write_text("gpuprov-lab-01\n")
-    run = root / "run/gpuprov-lab"
-    run.mkdir(parents=True)
-    (run / "loaded-driver").write_text(driver + "\n")
-    if persistence:
-        (run / "persistenced").write_text("")
-    if fabric:
-        (run / "fabric-completed").write_text("")
-    return root
-
-
-def smi(root: Path, *args: str) -> tuple[int, str]:
-    env = {**os.environ, "GPUPROV_LAB_STANDIN_ROOT": str(root)}
-    proc = subprocess.run([sys.executable, str(standins.FILES / "nvidia-smi"), *args], capture_output=True,
-                          text=True, env=env, check=False)
-    return proc.returncode, proc.stdout + proc.stderr
-
-
-def ok(root: Path, *args: str) -> str:
-    rc, out = smi(root, *args)
-    assert rc == 0, out
-    return out
-
-
-def query(root: Path, fields: list[str], fmt: str = "csv,noheader") -> list[dict[str, str]]:
-    """Every GPU's values of `fields` (csv, split as nvidia-smi joins them)."""
-    out = ok(root, "--query-gpu=" + ",".join(fields), "--format=" + fmt)
-    return [dict(zip(fields, line.split(", "), strict=True)) for line in out.splitlines()]
-
-
-def set_faults(root: Path, *lines: str) -> None:
-    (root / "etc/gpuprov-lab/faults").write_text(lab_faults.render(lines))
 
 
 # ------------------------------------------------------------------------------------------------ captures
@@ -333,19 +286,6 @@ def test_pcie_cards_show_no_fabric_and_hgx_fabric_follows_fabric_manager(tmp_pat
 
 # -------------------------------------------------------------------------------------------------- faults
 
-ALL_FIELDS = [field_of(t) for t in capture(H100)[0]]
-VOLATILE = {"timestamp"}
-
-
-def snapshot(root: Path) -> list[dict[str, str]]:
-    return [{k: v for k, v in row.items() if k not in VOLATILE} for row in query(root, ALL_FIELDS)]
-
-
-def changes(before: list[dict], after: list[dict]) -> dict[tuple[int, str], str]:
-    assert len(before) == len(after)
-    return {(i, k): a[k] for i, (b, a) in enumerate(zip(before, after, strict=True)) for k in a if a[k] != b[k]}
-
-
 @pytest.fixture
 def hgx(tmp_path) -> Path:
     return make_root(tmp_path, "hgx-h100", "590.48.01", persistence=True, fabric=True)
@@ -554,9 +494,8 @@ def test_mig_devices_in_the_list_as_the_mig_user_guide(mig):
     # the guide's columns: "Device" and the device number where the guide has them
     assert {line.index("Device") for line in lines[1:]} == {GUIDE_MIG_LINE.index("Device")}
     assert [re.fullmatch(pattern, line).group(2) for line in lines[1:]] == ["0", "1", "2", "3"]
-    devices = nvsmi.parse_mig_list("\n".join(lines))
-    assert [d["profile"] for d in devices] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
-    assert [d["gpu"] for d in devices] == [0] * 4 and len({d["uuid"] for d in devices}) == 4
+    assert [re.fullmatch(pattern, line).group(1) for line in lines[1:]] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+    assert len({line.split("(UUID: ")[1] for line in lines[1:]}) == 4
     assert [g["index"] for g in nvsmi.parse_list("\n".join(lines))] == [0]
 
 

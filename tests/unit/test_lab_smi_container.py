@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_lab_smi import NVLINK_H100, make_root
+from helpers.lab import NVLINK_H100, make_root
 
 from gpuprov.lab import standins
 from gpuprov.lab.nested import SCRIPT
@@ -67,6 +67,7 @@ def host_smi(host: Path, *args: str) -> str:
                           text=True, env=env, check=True).stdout
 
 
+@pytest.mark.root
 @needs_root
 def test_gpus_all_shows_the_hosts_gpus_in_the_container(host, tmp_path):
     bundle, rootfs = container(tmp_path, ["NVIDIA_VISIBLE_DEVICES=all"])
@@ -79,6 +80,7 @@ def test_gpus_all_shows_the_hosts_gpus_in_the_container(host, tmp_path):
     assert in_container(rootfs, "nvlink", "-s")[1].splitlines()[1:19] == NVLINK_H100.read_text().splitlines()[1:]
 
 
+@pytest.mark.root
 @needs_root
 def test_a_device_list_gives_the_container_those_gpus_renumbered(host, tmp_path):
     uuids = [line.rsplit("UUID: ", 1)[1].rstrip(")") for line in host_smi(host, "-L").splitlines()]
@@ -88,6 +90,7 @@ def test_a_device_list_gives_the_container_those_gpus_renumbered(host, tmp_path)
     assert out.splitlines() == [f"0, {uuids[2]}", f"1, {uuids[5]}"]
 
 
+@pytest.mark.root
 @needs_root
 def test_container_sees_no_host_processes_but_the_hosts_faults(host, tmp_path):
     (host / "etc/gpuprov-lab/faults").write_text("gpu-process\nthrottle 1\n")
@@ -134,6 +137,7 @@ def test_the_hook_fails_as_nvidia_container_cli(host, tmp_path, breakage, messag
     assert list(rootfs.iterdir()) == []
 
 
+@pytest.mark.root
 @needs_root
 def test_gpu_missing_on_the_host_is_missing_in_the_container(host, tmp_path):
     (host / "etc/gpuprov-lab/faults").write_text("gpu-missing\n")
@@ -144,6 +148,7 @@ def test_gpu_missing_on_the_host_is_missing_in_the_container(host, tmp_path):
     assert hook(host, bundle)[0] == 1
 
 
+@pytest.mark.root
 @needs_root
 def test_the_hook_writes_through_the_images_own_symlinks(host, tmp_path):
     """A merged-/usr image: /bin -> usr/bin. An absolute symlink in the image must not lead outside it."""
@@ -201,6 +206,7 @@ def test_the_nvidia_runtime_adds_the_hook_and_runs_runc(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- nested image
 
+@pytest.mark.root
 @needs_root
 def test_nested_image_is_the_hosts_python_and_is_deterministic(tmp_path):
     """The image script, run here with a stand-in `docker` that keeps what it imports: a root file system in which

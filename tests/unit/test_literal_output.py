@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import string
 
+from helpers.tasks import config, host_runs
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_output_folders import config, contacted, host_runs  # noqa: F401 - contacted is a fixture
 
 from gpuprov.errors import GpuprovError, InputError, literal
 from gpuprov.executor import Outcome

@@ -4,6 +4,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 MARKER = re.compile(r"^(<{7} |>{7} |={7}$)", re.M)
 
@@ -18,6 +20,7 @@ def test_the_check_sees_a_conflict():
     assert MARKER.search("text\n<<<<<<< HEAD\nours\n=======\ntheirs\n>>>>>>> branch\n")
 
 
+@pytest.mark.tool
 def test_no_tracked_file_has_conflict_markers():
     found = [f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}"
              for path in tracked_text_files()

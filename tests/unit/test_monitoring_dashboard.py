@@ -1,8 +1,8 @@
-"""The Grafana dashboard (gpuprov/monitoring/dashboard.py, shipped as templates/grafana/gpu-fleet.json): the shipped
-JSON is what the code builds; the model has what Grafana needs; every query filters by `host=~"$host"` and uses only
-metrics of the monitoring contract; promtool parses every query and evaluates the ones that compute something
-(idle share and cost, clock event bits, memory and throttle shares) on series written here, against values worked
-out by hand."""
+"""The Grafana dashboard (gpuprov/monitoring/dashboard.py, shipped as gpuprov/monitoring/grafana/gpu-fleet.json): the
+shipped JSON is what the code builds; the model has what Grafana needs; every query filters by `host=~"$host"` and uses
+only metrics of the monitoring contract; promtool parses every query and evaluates the ones that compute something
+(idle share and cost, clock event bits, memory and throttle shares) on series written here, against values worked out
+by hand."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from gpuprov.monitoring.dashboard import build_dashboard, concrete, dashboard_js
 from gpuprov.monitoring.promtool import promtool_path
 
 PROJECT = Path(__file__).resolve().parents[2]
-SHIPPED = PROJECT / "templates" / "grafana" / "gpu-fleet.json"
+SHIPPED = PROJECT / "gpuprov" / "monitoring" / "grafana" / "gpu-fleet.json"
 # every metric the monitoring contract lists
 CONTRACT_METRICS = {
     "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_TEMP",
@@ -166,6 +166,7 @@ def test_every_query_has_no_variable_left_once_concrete(queries):
         assert "$" not in concrete(expr), title
 
 
+@pytest.mark.tool
 @pytest.mark.lab
 def test_promtool_parses_every_panel_query(promtool, queries, tmp_path):
     rules = {"groups": [{"name": "dashboard", "rules": [
@@ -234,6 +235,7 @@ EXPECTED = [
 ]
 
 
+@pytest.mark.tool
 @pytest.mark.lab
 def test_the_computed_panels_give_the_values_worked_out_by_hand(promtool, queries, tmp_path):
     by_title: dict[str, list[str]] = {}

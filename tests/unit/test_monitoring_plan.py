@@ -184,6 +184,8 @@ def on_here(command: str, tmp_path) -> subprocess.CompletedProcess:
     return subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.root
+@pytest.mark.tool
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("dpkg-statoverride") is None,
                     reason="chown to root needs root; dpkg-statoverride is Debian's")
 def test_the_textfile_folder_commands_on_real_folders(tmp_path):
@@ -289,6 +291,7 @@ def test_env_file_is_sourced_by_the_shell_as_written(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.tool
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
 def test_units_pass_systemd_analyze_verify(tmp_path):
     for path, content in timers.unit_files(POLICY).items():
@@ -341,6 +344,7 @@ def test_a_monitoring_address_the_host_cannot_listen_on_is_refused_before_anythi
     deploy.check_address(AnsweringConn("10.20.0.11\n"), POLICY)   # its own address: fine
 
 
+@pytest.mark.tool
 @pytest.mark.skipif(shutil.which("ip") is None or shutil.which("getent") is None, reason="needs ip and getent")
 def test_the_address_check_runs_in_sh_and_finds_loopback_here():
     out = subprocess.run(["sh", "-c", deploy.address_check_command("127.0.0.1")], capture_output=True, text=True,

@@ -1,7 +1,7 @@
-"""gpuprov's Prometheus alert rules (templates/prometheus/gpuprov.rules.yml): the alerts the monitoring contract
-names, each with a severity and a summary and description naming the host; promtool (Debian's prometheus package,
-installed by the test as root when missing) accepts the file, runs its unit tests (tests/promtool/) and rejects a
-broken file."""
+"""gpuprov's Prometheus alert rules (gpuprov/monitoring/prometheus/gpuprov.rules.yml): the alerts the monitoring
+contract names, each with a severity and a summary and description naming the host; promtool (Debian's prometheus
+package, installed by the test as root when missing) accepts the file, runs its unit tests (tests/promtool/) and rejects
+a broken file."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from gpuprov.errors import GpuprovError
 from gpuprov.monitoring.promtool import promtool_path
 
 PROJECT = Path(__file__).resolve().parents[2]
-RULES = PROJECT / "templates" / "prometheus" / "gpuprov.rules.yml"
+RULES = PROJECT / "gpuprov" / "monitoring" / "prometheus" / "gpuprov.rules.yml"
 RULE_TESTS = PROJECT / "tests" / "promtool" / "gpuprov.rules.test.yml"
 # the alert names of the monitoring contract
 ALERTS = {"GpuprovExporterDown", "GpuprovGpuMissing", "GpuprovXidError", "GpuprovEccUncorrectable",
@@ -147,6 +147,7 @@ def test_without_install_or_root_a_missing_promtool_is_an_error_with_a_hint(fake
         promtool_path(install=True)
 
 
+@pytest.mark.tool
 @pytest.mark.lab
 def test_promtool_accepts_the_rules(promtool):
     done = promtool_run(promtool, "check", "rules", str(RULES))
@@ -154,6 +155,7 @@ def test_promtool_accepts_the_rules(promtool):
     assert "SUCCESS: 14 rules found" in done.stdout
 
 
+@pytest.mark.tool
 @pytest.mark.lab
 def test_the_rules_unit_tests_pass(promtool):
     done = promtool_run(promtool, "test", "rules", str(RULE_TESTS))
@@ -161,6 +163,7 @@ def test_the_rules_unit_tests_pass(promtool):
     assert "SUCCESS" in done.stdout
 
 
+@pytest.mark.tool
 @pytest.mark.lab
 def test_promtool_rejects_a_broken_rules_file(promtool, tmp_path):
     broken = tmp_path / "broken.rules.yml"

@@ -217,6 +217,7 @@ def test_an_idle_host_without_gpu_count_uses_its_idle_gpus():
     assert IdleHost("h", ("0",), 0, 7.0, 10.0, "USD").idle_cost is None
 
 
+@pytest.mark.tool
 @pytest.mark.lab
 def test_promtool_parses_the_idle_queries(tmp_path):
     """promtool (Debian's prometheus package) judges the PromQL monitoring.idle sends."""

@@ -94,6 +94,7 @@ def server_folder(folder, listen: str, scrape_interval_s: int, node_targets: lis
     return config
 
 
+@pytest.mark.tool
 @pytest.mark.lab
 def test_promtool_accepts_the_configuration(promtool, tmp_path):
     config = server_folder(tmp_path, POLICY.prometheus_listen, 15, JOBS["gpuprov-node"])
@@ -131,6 +132,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.tool
 @pytest.mark.lab
 def test_a_real_prometheus_listens_where_told_and_stores_every_series_under_its_targets_host(promtool, tmp_path):
     exporter = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Exporter)

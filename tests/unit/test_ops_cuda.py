@@ -9,7 +9,7 @@ import shutil
 import subprocess
 
 import pytest
-from test_ops_base import bare_facts, ctx_for, make_repo, make_stack, pkgs, provisioned_facts
+from helpers.ops import bare_facts, ctx_for, make_repo, make_stack, pkgs, provisioned_facts
 
 from gpuprov.errors import GpuprovError
 from gpuprov.ops import cuda
@@ -108,6 +108,7 @@ def _release(release: str) -> set[str]:
             | {f"{name}={version}-1" for name, version in RELEASES[release].items()})
 
 
+@pytest.mark.tool
 def test_a_locked_release_installs_with_its_own_parts_though_a_newer_release_is_in_the_repository(tmp_path):
     stack = make_stack()
     stack["cuda"]["packages"] = pkgs(("cuda-toolkit-12-8", "12.8.0-1"))
@@ -125,6 +126,7 @@ def test_a_locked_release_installs_with_its_own_parts_though_a_newer_release_is_
     assert re.search(r"^Inst cuda-nvcc-12-8 \(12\.8\.93-1", alone.stdout, re.M), alone.stdout
 
 
+@pytest.mark.tool
 def test_moving_the_release_lifts_the_holds_of_the_old_release_first(tmp_path):
     installed = "".join(f"Package: {name}\nStatus: hold ok installed\nVersion: {version}\nArchitecture: amd64\n"
                         "Description: x\n\n" for name, version in (
@@ -139,6 +141,7 @@ def test_moving_the_release_lifts_the_holds_of_the_old_release_first(tmp_path):
     assert _specs(args) == _release("12.8.1")
 
 
+@pytest.mark.tool
 def test_a_part_of_the_release_missing_from_the_repository_fails_before_apt_runs(tmp_path):
     stack = make_stack()
     stack["cuda"]["packages"] = pkgs(("cuda-toolkit-12-8", "12.8.0-1"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 
-from test_ops_base import bare_facts, ctx_for, make_repo, make_stack, provisioned_facts
+from helpers.ops import bare_facts, ctx_for, make_repo, make_stack, provisioned_facts
 
 from gpuprov.ops import dcgm
 

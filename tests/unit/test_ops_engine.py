@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 
 import pytest
-from test_ops_base import bare_facts, ctx_for, make_stack
+from helpers.ops import bare_facts, ctx_for, make_stack
 
 from gpuprov.errors import InputError
 from gpuprov.ops import COMPONENTS, engine, plan_changes

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 
 import pytest
-from test_ops_base import KERNEL, bare_facts, ctx_for, make_repo, make_stack, provisioned_facts
+from helpers.ops import KERNEL, bare_facts, ctx_for, make_repo, make_stack, provisioned_facts
 
 from gpuprov.errors import GpuprovError
 from gpuprov.ops import kernel

@@ -7,7 +7,7 @@ import shlex
 import subprocess
 
 import pytest
-from test_ops_base import bare_facts, ctx_for, make_repo, make_stack, pkgs, provisioned_facts
+from helpers.ops import bare_facts, ctx_for, make_repo, make_stack, pkgs, provisioned_facts
 
 from gpuprov.errors import InputError
 from gpuprov.ops import driver, pins

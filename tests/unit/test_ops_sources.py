@@ -8,9 +8,9 @@ import shutil
 import subprocess
 
 import pytest
+from helpers.ops import CA_PEM, FPR, bare_facts, ctx_for, make_repo, make_stack, provisioned_facts
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_ops_base import CA_PEM, FPR, bare_facts, ctx_for, make_repo, make_stack, provisioned_facts
 
 from gpuprov.errors import InputError, mask_credentials
 from gpuprov.ops import sources
@@ -218,6 +218,7 @@ def _run_key(tmp_path, key_data, fpr, armored=False):
     return result, keyring, stamp
 
 
+@pytest.mark.tool
 def test_key_with_the_pinned_fingerprint_is_installed(tmp_path, keys):
     (fpr, armored), _ = keys
     result, keyring, stamp = _run_key(tmp_path, armored, fpr)
@@ -228,6 +229,7 @@ def test_key_with_the_pinned_fingerprint_is_installed(tmp_path, keys):
     assert fpr in shown and not keyring.read_bytes().startswith(b"-----BEGIN")
 
 
+@pytest.mark.tool
 def test_key_with_another_fingerprint_is_refused_loudly(tmp_path, keys):
     (fpr, _), (_, attacker) = keys
     result, keyring, stamp = _run_key(tmp_path, attacker, fpr)
@@ -236,12 +238,14 @@ def test_key_with_another_fingerprint_is_refused_loudly(tmp_path, keys):
     assert not keyring.exists() and not stamp.exists()
 
 
+@pytest.mark.tool
 def test_key_file_smuggling_a_second_key_is_refused(tmp_path, keys):
     (fpr, armored), (_, attacker) = keys
     result, keyring, _ = _run_key(tmp_path, armored + attacker, fpr)
     assert result.returncode == 1 and not keyring.exists()
 
 
+@pytest.mark.tool
 def test_armored_export_for_rpm(tmp_path, keys):
     (fpr, armored), _ = keys
     result, keyring, _ = _run_key(tmp_path, armored, fpr, armored=True)
@@ -249,6 +253,7 @@ def test_armored_export_for_rpm(tmp_path, keys):
     assert keyring.read_text().startswith("-----BEGIN PGP PUBLIC KEY BLOCK-----")
 
 
+@pytest.mark.tool
 def test_the_key_fetch_gives_curl_its_proxy_on_stdin():
     """curl reads `proxy = "URL"` from `-K -`: the request goes to the proxy (a closed local port here), and the
     proxy's login never appears on a command line."""

@@ -15,10 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from invoke import Config, Context
-from test_tasks_hosts import INVENTORY, exit_code
+from helpers.tasks import INVENTORY, config, exit_code, host_runs
 
-import gpuprov.provision
 from gpuprov.errors import GpuprovError, InputError
 from gpuprov.executor import RunInterrupted, Settings, run_on_hosts
 from gpuprov.inventory import Host
@@ -28,51 +26,9 @@ from gpuprov.tasks import provision as provision_tasks
 from gpuprov.tasks import stack as stack_tasks
 
 
-class FakeConnection:
-    """A connection that reaches nothing: open and close only record themselves."""
-
-    def __init__(self, host):
-        self.host = host
-        self.closed = threading.Event()
-
-    def open(self):
-        return self
-
-    def close(self):
-        self.closed.set()
-
-
-@pytest.fixture
-def contacted(monkeypatch) -> list[str]:
-    """Every host a task connects to (a FakeConnection each)."""
-    calls: list[str] = []
-
-    def connect(host, *args, **kwargs):
-        calls.append(host.name)
-        return FakeConnection(host)
-
-    monkeypatch.setattr("gpuprov.executor.connect", connect)
-    return calls
-
-
-def config(tmp_path: Path, **paths) -> Context:
-    inventory = tmp_path / "inventory.yaml"
-    inventory.write_text(INVENTORY)
-    return Context(Config(overrides={"gpuprov": {
-        "inventory": str(inventory), "known_hosts": str(tmp_path / "known_hosts"),
-        "reports": str(paths.get("reports", tmp_path / "reports")),
-        "locks": str(paths.get("locks", tmp_path / "locks"))}}))
-
-
 def snapshot(folder: Path) -> dict[str, bytes | None]:
     """Every path under a folder with its bytes (None for a folder): to show that nothing changed."""
     return {str(p): (None if p.is_dir() else p.read_bytes()) for p in sorted(folder.rglob("*"))}
-
-
-def host_runs(monkeypatch, behave) -> None:
-    """provision_host replaced by `behave(host)`, which returns a HostRun or raises."""
-    monkeypatch.setattr(gpuprov.provision, "provision_host",
-                        lambda conn, host, inventory_dir, options, say: behave(host))
 
 
 def report_of(folder: Path) -> dict:

@@ -239,6 +239,7 @@ needs_tools = pytest.mark.skipif(not all(shutil.which(t) for t in ("sh", "curl",
 SHELLS = [shell for shell in ("sh", "bash") if shutil.which(shell)]
 
 
+@pytest.mark.tool
 @needs_tools
 def test_probe_reads_every_version_from_a_gzipped_flat_repository(server):
     httpd, _, thread = server
@@ -258,6 +259,7 @@ def test_probe_reads_every_version_from_a_gzipped_flat_repository(server):
     assert check.status == "fail" and "nearest: 570.133.20-1ubuntu1, 570.172.08-1ubuntu1" in check.detail
 
 
+@pytest.mark.tool
 @needs_tools
 def test_probe_falls_back_to_the_plain_index_through_the_proxy_from_stdin(server):
     httpd, _, thread = server
@@ -275,6 +277,7 @@ def test_probe_falls_back_to_the_plain_index_through_the_proxy_from_stdin(server
                for _, headers in Repo.seen)
 
 
+@pytest.mark.tool
 @needs_tools
 @pytest.mark.parametrize("shell", SHELLS)
 def test_probe_trusts_the_extra_ca_from_stdin(server, tmp_path, shell):
@@ -327,6 +330,7 @@ exit 1
 """
 
 
+@pytest.mark.tool
 @needs_tools
 @pytest.mark.parametrize("shell", SHELLS)
 def test_rhel_probe_asks_dnf_about_the_repository_alone(server, tmp_path, shell):

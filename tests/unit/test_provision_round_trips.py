@@ -4,7 +4,7 @@ gathered once more only after a reboot; a run with nothing to do makes one round
 from __future__ import annotations
 
 import pytest
-from test_ops_base import bare_facts, make_repo, make_stack, provisioned_facts
+from helpers.ops import bare_facts, make_repo, make_stack, provisioned_facts
 
 import gpuprov.apply
 import gpuprov.facts.gather

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from test_stack_inputs import BAD_IDS, BAD_PINS, UNKNOWN_GPU
+from helpers.pins import BAD_IDS, BAD_PINS, UNKNOWN_GPU
 
 from gpuprov.catalog import lookup
 from gpuprov.errors import InputError

@@ -260,7 +260,7 @@ def test_the_sudo_password_is_masked_in_every_output_once_set():
 
 
 def test_mirror_and_proxy_passwords_are_registered_when_provisioning_plans_them():
-    from test_ops_base import bare_facts, ctx_for, make_repo, make_stack
+    from helpers.ops import bare_facts, ctx_for, make_repo, make_stack
 
     from gpuprov.ops import sources
 

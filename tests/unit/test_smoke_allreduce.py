@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpuprov.smoke import perf_allreduce  # noqa: E402
+from gpuprov.smoke import perf_allreduce, torchutil  # noqa: E402
 from gpuprov.smoke.core import Context  # noqa: E402
 from gpuprov.smoke.torchutil import Target  # noqa: E402
 
@@ -79,7 +79,7 @@ def eight_gpus(monkeypatch):
             return {"bench": {"busbw_gbs": 470.0, "algbw_gbs": 268.6, "bytes": 1 << 30, "time_ms": 4.0, "iters": 20},
                     "problems": [], "backend": "nccl", "world_size": 8}, ""
 
-        monkeypatch.setattr(perf_allreduce, "setup_target",
+        monkeypatch.setattr(torchutil, "setup_target",
                             lambda torch, config: Target("cuda", 8, ("NVIDIA H100 80GB HBM3",) * 8))
         monkeypatch.setattr(perf_allreduce, "local_run", local_run)
         monkeypatch.setattr(perf_allreduce, "rdma_devices", lambda: (devices, reachable))

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from test_host_python_versions import INTERPRETERS, MINORS, OLDER, lab_host, vermin
+from helpers.pythons import INTERPRETERS, MINORS, OLDER, lab_host, vermin
 
 from gpuprov.catalog import models
 from gpuprov.inventory import Host
@@ -99,6 +99,7 @@ def test_the_front_end_needs_nothing_newer_than_3_9(tmp_path):
     assert vermin([REPO / "gpuprov/validation/standalone.py", main], "--no-parse-comments") == []
 
 
+@pytest.mark.interpreters
 @pytest.mark.parametrize("minor", [pytest.param(m, marks=pytest.mark.skipif(
     INTERPRETERS[m] is None, reason=f"no Python 3.{m} here")) for m in OLDER])
 def test_a_python_before_3_9_is_refused_in_words(pyz, tmp_path, minor):
@@ -124,6 +125,7 @@ def test_bad_usage_is_exit_2_before_anything_runs(pyz, tmp_path, args, message):
     assert done.stdout == "" and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.interpreters
 @pytest.mark.parametrize("minor", [pytest.param(m, marks=pytest.mark.skipif(
     INTERPRETERS[m] is None, reason=f"no Python 3.{m} here")) for m in MINORS])
 def test_every_supported_python_runs_the_front_end_isolated(pyz, tmp_path, minor):
@@ -137,6 +139,7 @@ def test_every_supported_python_runs_the_front_end_isolated(pyz, tmp_path, minor
 # ---- on a bare machine ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.interpreters
 @pytest.mark.skipif(PY39 is None, reason="no Python 3.9 on this machine (PATH, /usr/bin, pyenv)")
 def test_python_3_9_runs_the_whole_quick_suite_without_gpuprov_or_yaml(pyz, tmp_path):
     env = bare_env(tmp_path)
@@ -163,6 +166,7 @@ def test_python_3_9_runs_the_whole_quick_suite_without_gpuprov_or_yaml(pyz, tmp_
     assert by_name["perf.matmul"]["reason"].startswith("torch is not importable")
 
 
+@pytest.mark.interpreters
 @pytest.mark.skipif(PY39 is None, reason="no Python 3.9 on this machine (PATH, /usr/bin, pyenv)")
 def test_python_3_9_finds_the_gpus_nvidia_smi_lists_and_judges_an_hgx_h100(pyz, tmp_path):
     """The lab's simulated HGX H100 (its nvidia-smi answers as the real captures of an H100 80GB HBM3 do): the

@@ -332,6 +332,11 @@ def test_driver_mismatch_fails_host_driver_only(monkeypatch, tmp_path):
         assert other.reason.endswith("judged by host.driver")
 
 
+def test_a_failing_nvidia_smi_on_the_host_skips_the_container_check_for_host_driver():
+    result = host_container.run(make_ctx(CONTAINER, {tuple(nvsmi.LIST_ARGV): (18, MISMATCH, "")}))
+    assert (result.status, result.figures) == ("skip", {"nvidia_smi_error": "mismatch"})
+    assert result.reason.endswith("judged by host.driver")
+
 def test_driver_records_the_kernel_module(monkeypatch, tmp_path):
     # /proc/driver/nvidia/version's first line as the open kernel module prints it (no capture exists).
     proc = tmp_path / "version"

@@ -8,13 +8,14 @@ real H100 MIG capture in tests/fixtures/nvidia-smi-table (its MIG devices: 3g.40
 
 from __future__ import annotations
 
+import sys
 from fractions import Fraction
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from gpuprov.smoke import nvsmi, train_ddp
+from gpuprov.smoke import nvsmi, torchutil, train_ddp
 from gpuprov.smoke.core import Context
 from gpuprov.smoke.torchutil import Target
 
@@ -55,11 +56,7 @@ def host(mig_mode: str | None) -> Context:
     return ctx
 
 
-def test_mig_devices_listed_under_their_gpu():
-    devices = nvsmi.parse_mig_list(MIG_LIST)
-    assert [d["profile"] for d in devices] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
-    assert devices[2] == {"gpu": 0, "gpu_name": H100, "profile": "1g.10gb", "device": 2,
-                          "uuid": "MIG-00000000-0000-0000-0000-000000000003"}
+def test_mig_devices_below_their_gpu_are_not_gpus():
     assert [g["index"] for g in nvsmi.parse_list(MIG_LIST)] == [0]
 
 
@@ -149,12 +146,17 @@ def test_train_ddp_skips_on_a_mig_host_and_says_why():
     assert result.figures == {"mig_enabled": ["GPU 0 (00000000:00:09.0)"]}
 
 
+def test_train_ddp_says_mig_before_it_imports_torch(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)
+    result = train_ddp.run(host("Enabled"))
+    assert result.status == "skip" and result.figures == {"mig_enabled": ["GPU 0 (00000000:00:09.0)"]}
+
 def test_perf_matmul_skips_when_the_share_is_unknown(monkeypatch):
     from gpuprov.smoke import perf_matmul
 
     fake_torch = SimpleNamespace()
-    monkeypatch.setattr(perf_matmul, "import_torch", lambda: (fake_torch, ""))
-    monkeypatch.setattr(perf_matmul, "setup_target", lambda torch, config: Target("cuda", 1, (H100,)))
+    monkeypatch.setattr(torchutil, "import_torch", lambda: (fake_torch, ""))
+    monkeypatch.setattr(torchutil, "setup_target", lambda torch, config: Target("cuda", 1, (H100,)))
     result = perf_matmul.run(host("Enabled"))
     assert result.status == "skip"
     assert "the share of the GPU measured is unknown, not judged" in result.reason
@@ -163,8 +165,8 @@ def test_perf_matmul_skips_when_the_share_is_unknown(monkeypatch):
 def test_perf_copy_skips_on_an_instance_smaller_than_its_gpu(monkeypatch):
     from gpuprov.smoke import perf_copy
 
-    monkeypatch.setattr(perf_copy, "import_torch", lambda: (SimpleNamespace(), ""))
-    monkeypatch.setattr(perf_copy, "setup_target",
+    monkeypatch.setattr(torchutil, "import_torch", lambda: (SimpleNamespace(), ""))
+    monkeypatch.setattr(torchutil, "setup_target",
                         lambda torch, config: Target("cuda", 1, (f"{H100} MIG 1g.10gb",)))
     result = perf_copy.run(host("Enabled"))
     assert result.status == "skip"

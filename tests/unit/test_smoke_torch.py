@@ -145,6 +145,33 @@ def test_no_torch_is_a_skip_with_the_reason(monkeypatch):
         "skip", "torch is not importable (ModuleNotFoundError: import of torch halted; None in sys.modules)")
 
 
+
+TORCH_CHECKS = (train_transformer, train_cnn, train_dataloader, train_ddp, train_compile, infer_parity, infer_latency,
+                perf_matmul, perf_copy, perf_allreduce)
+
+
+@pytest.mark.parametrize("module", TORCH_CHECKS, ids=lambda module: module.NAME)
+def test_every_torch_check_skips_without_torch_under_its_own_name(monkeypatch, module):
+    monkeypatch.setitem(sys.modules, "torch", None)
+    result = run(module)
+    assert (result.check, result.status) == (module.NAME, "skip")
+    assert result.reason.startswith("torch is not importable (ModuleNotFoundError: ")
+
+
+@pytest.mark.parametrize("module", [train_transformer, train_cnn, train_dataloader, train_ddp, train_compile,
+                                    infer_parity, infer_latency], ids=lambda module: module.NAME)
+def test_a_cuda_torch_without_gpus_fails_before_the_work(cuda_build_without_gpu, module):
+    result = run(module, {"gpus_visible": True})
+    assert (result.check, result.status, result.reason) == (module.NAME, "fail", NO_GPU)
+
+
+def test_sizes_follow_the_device_and_only_burn_in_is_not_quick():
+    table = {("cpu", "quick"): 1, ("cpu", "burn-in"): 2, ("cuda", "quick"): 3, ("cuda", "burn-in"): 4}
+    gpu = torchutil.Target("cuda", 1, ("NVIDIA H100 80GB HBM3",))
+    assert [torchutil.sized(table, torchutil.Target("cpu"), level) for level in ("quick", "burn-in", "other")] == [
+        1, 2, 1]
+    assert [torchutil.sized(table, gpu, level) for level in ("quick", "burn-in")] == [3, 4]
+
 # --- DDP ---------------------------------------------------------------------------------------------------------
 
 def test_ddp_over_two_gloo_ranks_with_torchrun():
@@ -257,6 +284,7 @@ def test_toolchain_failures_are_told_from_torch_failures():
     assert not torchutil.toolchain_error(RuntimeError("CUDA error: an illegal memory access was encountered"))
 
 
+@pytest.mark.tool
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit.script_method, used inside torch
 def test_compiled_training_matches_eager_and_its_loss_falls():
     result = run(train_compile)

@@ -4,14 +4,9 @@ stack.lock --os resolves from the inventory alone, so its lock files are checked
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
 import pytest
+from helpers.tasks import INVENTORY, exit_code, invoke, locks
 from invoke import Config, Context
-from invoke.exceptions import Exit
 
 from gpuprov.stack.lock import load_lock
 from gpuprov.tasks import facts as facts_tasks
@@ -19,23 +14,6 @@ from gpuprov.tasks import harden as harden_tasks
 from gpuprov.tasks import provision as provision_tasks
 from gpuprov.tasks import stack as stack_tasks
 
-REPO = Path(__file__).resolve().parents[2]
-INVENTORY = textwrap.dedent("""\
-    defaults: {user: gpuadmin}
-    groups:
-      hgx:
-        vars:
-          hardware: {gpu: H100-SXM, count: 8, nvswitch: true}
-          stack: {driver: "570"}
-      ada:
-        vars:
-          hardware: {gpu: L40S, count: 4}
-      fleet: {children: [hgx, ada]}
-    hosts:
-      gpu01: {address: 192.0.2.11, groups: [hgx]}
-      gpu02: {address: 192.0.2.12, groups: [hgx]}
-      gpu03: {address: 192.0.2.13, groups: [ada]}
-    """)
 HOST_TASKS = {
     "facts": facts_tasks.facts,
     "harden": harden_tasks.harden,
@@ -53,12 +31,6 @@ def ctx(tmp_path) -> Context:
     return Context(Config(overrides={"gpuprov": {
         "inventory": str(inventory), "locks": str(tmp_path / "locks"), "reports": str(tmp_path / "reports"),
         "known_hosts": str(tmp_path / "known_hosts"), "connect_timeout": 1, "connect_retries": 0}}))
-
-
-def exit_code(task, c, capsys, **kwargs) -> tuple[int, str]:
-    with pytest.raises(Exit) as caught:
-        task(c, **kwargs)
-    return caught.value.code, capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", HOST_TASKS)
@@ -90,10 +62,6 @@ def test_bad_parallel_is_bad_input(ctx, capsys, name, parallel):
 def test_a_missing_inventory_is_bad_input(ctx, capsys, tmp_path, name):
     code, err = exit_code(HOST_TASKS[name], ctx, capsys, host=["gpu01"], inventory=str(tmp_path / "nope.yaml"))
     assert code == 2 and "nope.yaml not found" in err
-
-
-def locks(tmp_path) -> list[str]:
-    return sorted(p.name for p in (tmp_path / "locks").glob("*.lock.yaml"))
 
 
 def test_lock_per_group_holds_the_groups_stack(ctx, tmp_path, capsys):
@@ -146,11 +114,6 @@ def test_check_refuses_a_corrupt_lock_before_touching_hosts(ctx, tmp_path, capsy
     assert f"{folder / 'hgx.lock.yaml'}:3:3: stack.driver: missing" in err
     assert f"{folder / 'hgx.lock.yaml'}:3:7: stack.os: must be one of" in err
     assert "Traceback" not in err
-
-
-def invoke(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("name", HOST_TASKS)

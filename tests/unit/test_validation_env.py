@@ -7,7 +7,6 @@ judges of what root may run are the file system (real owners and modes) and pip'
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import hashlib
 import json
@@ -16,11 +15,11 @@ import os
 import shutil
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from helpers.local_host import LocalConn, make_wheel, tiny_wheelhouse
 
 from gpuprov.connection import Result
 from gpuprov.errors import GpuprovError
@@ -50,83 +49,12 @@ from gpuprov.validation.remote import SECURE, Remote
 SYSTEM_PYTHON = os.path.realpath("/usr/bin/python3")
 
 
-class LocalSFTP:
-    def __init__(self, conn):
-        self.conn = conn
-
-    def put(self, local, remote):
-        self.conn.uploads.append(remote)
-        shutil.copyfile(local, remote)
-
-    def posix_rename(self, old, new):
-        os.replace(old, new)
-
-
-class LocalConn:
-    """A host that is this machine: commands run with `sh -c` (as this user, root in CI), uploads copy files."""
-
-    def __init__(self, name: str = "lab01", env: dict | None = None):
-        self.host = SimpleNamespace(name=name, user=os.environ.get("USER") or "root", address="127.0.0.1")
-        self.commands: list[str] = []
-        self.sudo: list[bool] = []
-        self.uploads: list[str] = []
-        self.env = env
-
-    def run(self, command, *, sudo=False, timeout=None, stdin=None):
-        self.commands.append(command)
-        self.sudo.append(sudo)
-        done = subprocess.run(["sh", "-c", command], input=stdin, capture_output=True, text=True,
-                              timeout=timeout or 600, check=False, env=self.env)
-        return Result(command, done.returncode, done.stdout, done.stderr, 0.0)
-
-    def sftp(self):
-        return LocalSFTP(self)
-
-
-def make_wheel(folder: Path, version: str = "1.0", value: int = 42) -> Path:
-    """A pure-Python wheel `gpuprov_probe` whose module holds VALUE (PEP 427 layout, RECORD with hashes)."""
-    files = {
-        "gpuprov_probe/__init__.py": f"VALUE = {value}\n".encode(),
-        f"gpuprov_probe-{version}.dist-info/METADATA":
-            f"Metadata-Version: 2.1\nName: gpuprov-probe\nVersion: {version}\n".encode(),
-        f"gpuprov_probe-{version}.dist-info/WHEEL":
-            b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    for name, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{name},sha256={digest},{len(data)}")
-    record.append(f"gpuprov_probe-{version}.dist-info/RECORD,,")
-    files[f"gpuprov_probe-{version}.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
-    path = folder / f"gpuprov_probe-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as archive:
-        for name, data in files.items():
-            archive.writestr(name, data)
-    return path
-
-
-def pip_wheel() -> Path:
-    import ensurepip
-
-    bundled = sorted((Path(ensurepip.__file__).parent / "_bundled").glob("pip-*.whl"))
-    if not bundled:
-        pytest.skip("this Python has no bundled pip wheel (ensurepip)")
-    return bundled[-1]
-
-
-def tiny_wheelhouse(folder: Path, version: str = "1.0", value: int = 42) -> Wheelhouse:
-    folder.mkdir(parents=True, exist_ok=True)
-    shutil.copy(pip_wheel(), folder)
-    make_wheel(folder, version, value)
-    files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.glob("*.whl")}
-    return Wheelhouse(folder, files, ["gpuprov-probe"])
-
-
 def probe_value(layout: Layout) -> str:
     return subprocess.run([layout.python, "-c", "import gpuprov_probe; print(gpuprov_probe.VALUE)"],
                           capture_output=True, text=True, check=True).stdout.strip()
 
 
+@pytest.mark.root
 def test_second_run_uploads_and_installs_nothing(tmp_path):
     layout = Layout(root=str(tmp_path / "opt"))
     wheelhouse = tiny_wheelhouse(tmp_path / "controller" / "set")
@@ -151,6 +79,7 @@ def test_second_run_uploads_and_installs_nothing(tmp_path):
     assert python.path == SYSTEM_PYTHON and all(conn.sudo)   # root's python3, probed as root
 
 
+@pytest.mark.root
 def test_a_new_wheel_set_replaces_the_venv_and_drops_old_wheels(tmp_path):
     layout = Layout(root=str(tmp_path / "opt"))
     remote = Remote(LocalConn())
@@ -167,6 +96,7 @@ def test_a_new_wheel_set_replaces_the_venv_and_drops_old_wheels(tmp_path):
     assert os.listdir(layout.incoming) == []   # root took every upload
 
 
+@pytest.mark.root
 def test_a_wheel_that_arrives_damaged_is_removed_and_named(tmp_path):
     layout = Layout(root=str(tmp_path / "opt"))
     wheelhouse = tiny_wheelhouse(tmp_path / "set")
@@ -179,6 +109,7 @@ def test_a_wheel_that_arrives_damaged_is_removed_and_named(tmp_path):
     assert not os.path.exists(layout.marker)
 
 
+@pytest.mark.root
 def test_a_hostile_python3_first_on_the_ssh_users_path_is_never_run(tmp_path):
     bin_dir, ran = tmp_path / "bin", tmp_path / "hostile-ran"
     bin_dir.mkdir()
@@ -201,6 +132,7 @@ def secure(path) -> tuple[int, str]:
     return done.returncode, done.stdout.strip()
 
 
+@pytest.mark.root
 def test_only_paths_that_root_alone_can_change_are_secure(tmp_path):
     nobody = int(subprocess.run(["id", "-u", "nobody"], capture_output=True, text=True, check=True).stdout)
     safe = tmp_path / "safe"
@@ -234,6 +166,7 @@ def test_an_opt_gpuprov_of_another_owner_is_refused(tmp_path):
     assert "chown root:root" in caught.value.hint and os.listdir(layout.root) == []
 
 
+@pytest.mark.root
 @pytest.mark.parametrize("plant", ["tampered", "symlink", "fifo"])
 def test_a_wheel_the_ssh_user_planted_in_its_upload_folder_is_refused(tmp_path, plant):
     layout = Layout(root=str(tmp_path / "opt"))
@@ -254,6 +187,7 @@ def test_a_wheel_the_ssh_user_planted_in_its_upload_folder_is_refused(tmp_path, 
     assert not os.path.lexists(planted)
 
 
+@pytest.mark.root
 def test_every_wheel_is_installed_pinned_and_pip_checks_each_digest(tmp_path):
     layout = Layout(root=str(tmp_path / "opt"))
     wheelhouse = tiny_wheelhouse(tmp_path / "set")
@@ -475,6 +409,7 @@ class ScriptedConn(LocalConn):
         return super().run(command, sudo=sudo, timeout=timeout, stdin=stdin)
 
 
+@pytest.mark.root
 def test_the_compiler_is_installed_once_and_checked_where_torch_looks(tmp_path):
     layout = Layout(root=str(tmp_path / "opt"))
     os.makedirs(layout.root, mode=0o755)
@@ -494,6 +429,7 @@ def test_the_compiler_is_installed_once_and_checked_where_torch_looks(tmp_path):
     assert again["installed"] == [] and again["missing"] == [] and conn.scripted == []
 
 
+@pytest.mark.root
 def test_packages_no_source_offers_are_looked_for_once_more_then_refused_with_apts_words(tmp_path):
     layout = Layout(root=str(tmp_path / "opt"))
     os.makedirs(layout.root, mode=0o755)
@@ -511,6 +447,7 @@ def test_packages_no_source_offers_are_looked_for_once_more_then_refused_with_ap
     assert said[-1] == f"torch.compile's toolchain not installed: {done['refused']}"
 
 
+@pytest.mark.root
 def test_a_refused_plan_runs_no_package_manager(tmp_path):
     layout = Layout(root=str(tmp_path / "opt"))
     os.makedirs(layout.root, mode=0o755)
@@ -536,6 +473,7 @@ def test_the_probe_reports_this_machines_toolchain_as_its_own_tools_see_it(tmp_p
     assert ("apt-get" in tools.managers) == bool(shutil.which("apt-get", path=path))
 
 
+@pytest.mark.root
 def test_the_venv_is_byte_compiled_and_its_phases_timed(tmp_path):
     layout = Layout(root=str(tmp_path / "opt"))
     remote = Remote(LocalConn())
@@ -547,6 +485,7 @@ def test_the_venv_is_byte_compiled_and_its_phases_timed(tmp_path):
 
 # ------------------------------------------------------------------ TorchInductor's cache, root's alone
 
+@pytest.mark.root
 def test_torchinductor_keeps_kernels_only_in_a_folder_this_user_alone_can_change(tmp_path, monkeypatch):
     import tempfile
 
@@ -589,6 +528,7 @@ def test_the_private_temporary_folder_is_gone_when_its_process_ends(tmp_path):
     assert not os.path.exists(private)           # gone once the process that made it ended
 
 
+@pytest.mark.tool
 @pytest.mark.skipif(not shutil.which("g++"), reason="no g++ here: torch.compile cannot run on the CPU")
 def test_two_compiles_in_one_process_share_its_private_folder():
     """torch fixes its precompiled-header folder at its first compile: a second compile in the same process (two
@@ -603,6 +543,7 @@ def test_two_compiles_in_one_process_share_its_private_folder():
     assert [round(float(v), 4) for v in done.stdout.split()] == [round(8 * math.sin(1), 4), round(16 * math.sin(1), 4)]
 
 
+@pytest.mark.tool
 @pytest.mark.skipif(not shutil.which("g++"), reason="no g++ here: torch.compile cannot run on the CPU")
 def test_the_compile_checks_leave_nothing_in_the_shared_temporary_folder(tmp_path):
     """torch builds /tmp/torchinductor_<user> from tempfile's folder and loads compiled kernels from it; the compile

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from test_validation_env import LocalConn
+from helpers.local_host import LocalConn
 
 from gpuprov.errors import GpuprovError
 from gpuprov.executor import Outcome, Settings
@@ -115,6 +115,8 @@ def in_netns(name):
     return run_on_hosts
 
 
+@pytest.mark.root
+@pytest.mark.tool
 def test_two_nodes_all_reduce(layout, netns):
     ns = netns()
     nodes = [Node("lab01", "127.0.0.1", 1, "cpu", True), Node("lab02", "127.0.0.1", 1, "cpu", True)]
@@ -131,6 +133,7 @@ def test_two_nodes_all_reduce(layout, netns):
     assert result["figures"]["size_bytes"] == 16 * 1024 * 1024 and result["figures"]["busbw_gbs"] > 0
 
 
+@pytest.mark.root
 def test_a_host_that_cannot_join_is_named(layout):
     # 192.0.2.1 (TEST-NET-1) is no address of this machine: lab02 cannot take part; lab03's validation failed
     nodes = [Node("lab01", "127.0.0.1", 1, "cpu", True), Node("lab02", "192.0.2.1", 1, "cpu", True),
@@ -147,6 +150,7 @@ def test_a_host_that_cannot_join_is_named(layout):
     assert "lab02 (its cluster_address 192.0.2.1" in outcome["results"]["lab01"]["reason"]
 
 
+@pytest.mark.root
 def test_a_host_whose_address_is_not_its_own_is_not_waited_for(layout):
     import time
 
@@ -159,6 +163,7 @@ def test_a_host_whose_address_is_not_its_own_is_not_waited_for(layout):
     assert list(outcome["summary"]["not_joined"]) == ["lab02"]
 
 
+@pytest.mark.root
 def test_an_unreachable_rendezvous_is_named(layout):
     port = free_port()
     with socket.socket() as busy:        # the first host cannot listen: the port is taken
@@ -206,6 +211,8 @@ def test_the_image_workers_run_as_the_worker_user(tmp_path):
     assert f"<-e><HOME=/tmp><--user><0:0>{groups}<img:1><python3><-B><-m><torch.distributed.run>" in done.stdout
 
 
+@pytest.mark.root
+@pytest.mark.tool
 def test_the_rendezvous_port_is_open_to_the_joined_hosts_only(netns):
     """Two namespaces on a veth pair: the rendezvous host (10.250.0.1) and a peer with two addresses, one of a
     joined host (10.250.0.2) and one of a stranger (10.250.0.3). The kernel decides what connects."""
@@ -239,6 +246,8 @@ def test_the_rendezvous_port_is_open_to_the_joined_hosts_only(netns):
         server.wait()
 
 
+@pytest.mark.root
+@pytest.mark.tool
 @pytest.mark.parametrize("exit_code", [0, 3])
 def test_the_rendezvous_table_stands_while_torchrun_runs_and_goes_when_it_ends(tmp_path, netns, exit_code):
     ns = netns()
@@ -255,6 +264,7 @@ def test_the_rendezvous_table_stands_while_torchrun_runs_and_goes_when_it_ends(t
     assert netns_run(ns, "nft list tables").stdout == ""
 
 
+@pytest.mark.root
 def test_a_rendezvous_host_without_nft_is_refused(layout):
     """Fail closed: without nft the rendezvous port cannot be firewalled, and torchrun starts nowhere."""
     def no_nft(hosts_, work, settings, **kwargs):
@@ -373,3 +383,21 @@ def test_sockets_pass_where_no_host_has_rdma_devices_it_can_open_or_ib_was_turne
     assert result["status"] == "pass", result["reason"]
     assert result["reason"] == ("all-reduce over 2 nodes (16 processes, nccl, NCCL network Socket) correct; bus "
                                 "bandwidth 75.00 GB/s")
+
+
+def test_the_verdict_fails_root_workers_missing_processes_and_wrong_elements():
+    from gpuprov.validation.multinode import _verdict
+
+    nodes = [Node("a", "10.0.0.1", 1, "cpu", True), Node("b", "10.0.0.2", 1, "cpu", True)]
+    found = {"nodes": ["a", "b"], "world_size": 2, "backend": "gloo", "busbw_gbs": 1.5, "algbw_gbs": 1.5,
+             "size_bytes": 1024, "wrong_elements": 0, "expected_sum": 3.0, "uids": [999, 999]}
+    status, reason, figures = _verdict(found, nodes, {}, "gpuprov-worker")
+    assert (status, reason) == ("pass", "all-reduce over 2 nodes (2 processes, gloo) correct; bus bandwidth 1.50 GB/s")
+    assert figures == {"nodes": 2, "world_size": 2, "backend": "gloo", "busbw_gbs": 1.5, "algbw_gbs": 1.5,
+                       "size_bytes": 1024, "wrong_elements": 0}
+    assert _verdict({**found, "uids": [0, 999]}, nodes, {}, "gpuprov-worker")[:2] == (
+        "fail", "the workers ran as root, not as gpuprov-worker")
+    assert _verdict({**found, "nodes": ["a"], "world_size": 1}, nodes, {}, "gpuprov-worker")[:2] == (
+        "fail", "1 of 2 processes took part; missing: b")
+    assert _verdict({**found, "wrong_elements": 7}, nodes, {}, "gpuprov-worker")[:2] == (
+        "fail", "all-reduce over 2 nodes gave 7 wrong elements (expected every element 3)")

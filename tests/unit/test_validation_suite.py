@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_validation_env import LocalConn, tiny_wheelhouse
+from helpers.local_host import LocalConn, tiny_wheelhouse
 
 from gpuprov.errors import GpuprovError
 from gpuprov.inventory import load_inventory
@@ -47,6 +47,7 @@ STAND_IN = {
 }
 
 
+@pytest.mark.root
 def test_suite_is_copied_once_and_swapped_in(tmp_path):
     layout = Layout(root=str(tmp_path / "opt"))
     conn = LocalConn()
@@ -84,6 +85,7 @@ def test_suite_commands():
         level="quick", strict=False, image="img:1", ulimits={"memlock": None, "stack": 8388608})
 
 
+@pytest.mark.root
 def test_config_and_run(tmp_path):
     layout = Layout(root=str(tmp_path / "opt"))
     remote = Remote(LocalConn())
@@ -100,6 +102,7 @@ def test_config_and_run(tmp_path):
                                     "figures": {"only": "host.gpus"}, "thresholds": {}, "seconds": 0.0}]
 
 
+@pytest.mark.root
 def test_a_suite_that_differs_from_its_sums_is_not_swapped_in(tmp_path, monkeypatch):
     from gpuprov.validation import suite
 
@@ -114,6 +117,7 @@ def test_a_suite_that_differs_from_its_sums_is_not_swapped_in(tmp_path, monkeypa
     assert sorted(os.listdir(layout.root)) == ["smoke"] and Path(layout.smoke, "__init__.py").read_bytes() == b""
 
 
+@pytest.mark.root
 @pytest.mark.parametrize("owner", ["other user", "group writable", "symlinked"])
 def test_root_writes_only_into_folders_root_alone_can_change(tmp_path, owner):
     """The suite config and the textfile: a folder another user can change (where a symlink could be swapped in
@@ -157,6 +161,7 @@ INVENTORY = textwrap.dedent("""\
     """)
 
 
+@pytest.mark.root
 def test_one_host_end_to_end(tmp_path, monkeypatch):
     """validate_host on a 'host' that is this machine: the lab's CPU wheel settings, a wheelhouse, the venv,
     the suite, its config and its results."""
