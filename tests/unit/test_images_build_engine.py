@@ -17,6 +17,7 @@ import pytest
 from docker.utils import parse_host
 from docker.utils import tar as sdk_archive
 from docker.utils.proxy import ProxyConfig
+from helpers.images import context_tree
 
 from gpuprov.errors import GpuprovError
 from gpuprov.images.build import context_archive
@@ -24,21 +25,6 @@ from gpuprov.images.engine import _send, proxy_build_args, registry_headers, soc
 
 PROJECT = Path(__file__).resolve().parents[2]
 REPOSITORY = "gpuprov-test/images-build-engine"
-
-
-def tree(folder: Path) -> Path:
-    """Folders, an executable, an empty file, a hard link, files of and off a tar block's size."""
-    (folder / "smoke").mkdir(parents=True)
-    (folder / "smoke" / "core.py").write_text("print('core')\n")
-    (folder / "gpuprov-smoke").write_text("#!/bin/sh\nexit 0\n")
-    (folder / "gpuprov-smoke").chmod(0o755)
-    (folder / "empty").write_bytes(b"")
-    (folder / "wheels").mkdir()
-    (folder / "wheels" / "big.whl").write_bytes(os.urandom(3 * 4096 + 517))
-    os.link(folder / "wheels" / "big.whl", folder / "wheels" / "same.whl")
-    (folder / "wheels" / "exact.whl").write_bytes(b"x" * 8192)
-    (folder / "Dockerfile").write_text("FROM scratch\nCOPY wheels/ /wheels/\nCOPY smoke/ /smoke/\n")
-    return folder
 
 
 def received(parts: list) -> bytes:
@@ -57,7 +43,7 @@ def received(parts: list) -> bytes:
 
 
 def test_the_archive_sent_on_the_socket_is_the_sdks_own_byte_for_byte(tmp_path):
-    context = tree(tmp_path / "ctx")
+    context = context_tree(tmp_path / "ctx")
     parts, size = context_archive(context)
     expected = sdk_archive(str(context)).read()
     assert received(parts) == expected and size == len(expected)
@@ -144,7 +130,7 @@ def test_a_no_change_rebuild_and_its_verification_import_no_sdk(tmp_path, tag):
     ensure_engine(lambda line: None)
     if socket_path() is None:
         pytest.skip("DOCKER_HOST names no Unix socket")
-    context = tree(tmp_path / "ctx")
+    context = context_tree(tmp_path / "ctx")
     record = tmp_path / "tiny.versions.json"
     env = {**os.environ, "PYTHONPATH": str(PROJECT)}
 

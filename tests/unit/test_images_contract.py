@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from dockerfile_parse import DockerfileParser
+from helpers.images import cuda_spec
 
 from gpuprov.errors import GpuprovError
 from gpuprov.images.fields import EXACT_DEPENDS
@@ -27,19 +28,11 @@ from gpuprov.images.spec import SpecError, load_spec, load_specs
 from gpuprov.images.verify import expected_versions, version_problems
 from gpuprov.images.versions import require_cuda, wheel_min_driver
 
+SPEC = cuda_spec()   # a CUDA train image with its Python family pinned
+
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-cuda-images" / "NVIDIA_REQUIRE_CUDA"
 UBUNTU = "3.12.3-0ubuntu2"            # python3-defaults of Ubuntu 24.04 (noble), its release pocket
 UPDATED = "3.12.3-0ubuntu2.1"         # the same family in noble-updates
-SPEC = """\
-name: t
-purpose: train
-gpus: [H100-SXM]
-base: {cuda: "12.8.1", cudnn: "9", ubuntu: "24.04"}
-pytorch: "2.8.0"
-apt: {python3: "3.12.3-0ubuntu2", python3-minimal: "3.12.3-0ubuntu2", libpython3-stdlib: "3.12.3-0ubuntu2",
-      python3-venv: "3.12.3-0ubuntu2"}
-user: {name: gpuprov, uid: 1000}
-"""
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ import pytest
 import yaml
 from docker.utils import tar as sdk_archive
 from dockerfile_parse import DockerfileParser
+from helpers.images import context_tree
 from invoke import Context
 
 import gpuprov.images
@@ -58,26 +59,10 @@ def inspect(reference: str) -> dict:
     return json.loads(proc.stdout)[0]
 
 
-def tree(folder: Path) -> Path:
-    """A context with what the SDK's archive must describe: folders, an executable, an empty file, two names of
-    one file (a hard link) and files larger than a piece of the stream."""
-    (folder / "smoke").mkdir(parents=True)
-    (folder / "smoke" / "core.py").write_text("print('core')\n")
-    (folder / "gpuprov-smoke").write_text("#!/bin/sh\nexit 0\n")
-    (folder / "gpuprov-smoke").chmod(0o755)
-    (folder / "empty").write_bytes(b"")
-    (folder / "wheels").mkdir()
-    (folder / "wheels" / "big.whl").write_bytes(os.urandom(3 * 4096 + 517))
-    os.link(folder / "wheels" / "big.whl", folder / "wheels" / "same.whl")
-    (folder / "wheels" / "exact.whl").write_bytes(b"x" * 8192)
-    (folder / "Dockerfile").write_text("FROM scratch\nCOPY wheels/ /wheels/\nCOPY smoke/ /smoke/\n")
-    return folder
-
-
 # ------------------------------------------------------------------------------------------- the context stream
 
 def test_the_streamed_context_is_the_sdks_own_archive_byte_for_byte(tmp_path):
-    context = tree(tmp_path / "ctx")
+    context = context_tree(tmp_path / "ctx")
     pieces = list(context_stream(context, chunk=4096))
     assert b"".join(pieces) == sdk_archive(str(context)).read()
     # streamed as it is read, in pieces of one to two chunks, never the whole
@@ -99,7 +84,7 @@ def test_a_file_that_shrinks_while_it_is_sent_is_an_error_naming_it(tmp_path):
 
 @pytest.mark.docker
 def test_a_context_the_sdk_built_is_all_cache_hits_when_streamed(engine, tmp_path, tags):
-    context = tree(tmp_path / "ctx")
+    context = context_tree(tmp_path / "ctx")
     labels = {CONTEXT_HASH: context_hash(context)}
     sdk = list(engine.api.build(path=str(context), tag=tags[0], decode=True, rm=True, labels=labels))
     assert any("Successfully built" in item.get("stream", "") for item in sdk), sdk
@@ -110,7 +95,7 @@ def test_a_context_the_sdk_built_is_all_cache_hits_when_streamed(engine, tmp_pat
 
 @pytest.mark.docker
 def test_the_context_is_hashed_once_when_the_labels_carry_its_hash(engine, tmp_path, tags, monkeypatch):
-    context = tree(tmp_path / "ctx")
+    context = context_tree(tmp_path / "ctx")
     digest = context_hash(context)
 
     def again(folder):
@@ -377,7 +362,7 @@ def test_a_downloaded_wheelhouse_is_linked_without_a_download_and_its_wheels_rea
 
 
 def test_the_digest_cache_gives_the_hash_of_a_full_read(tmp_path):
-    context = tree(tmp_path / "ctx")
+    context = context_tree(tmp_path / "ctx")
     for path in (context / "wheels").iterdir():
         os.utime(path, ns=(HOUR_AGO, HOUR_AGO))
     store = tmp_path / "digests.json"

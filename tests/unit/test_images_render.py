@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from dockerfile_parse import DockerfileParser
+from helpers.images import cuda_spec
 from invoke import Context
 from invoke.exceptions import Exit
 
@@ -25,6 +26,8 @@ from gpuprov.images.spec import load_spec, load_specs
 from gpuprov.images.tags import image_tags
 from gpuprov.lab.images import base_tag
 from gpuprov.tasks import images as image_tasks
+
+SPEC = cuda_spec()   # a CUDA train image with its Python family pinned
 
 PROJECT = Path(__file__).resolve().parents[2]
 # NVIDIA_REQUIRE_CUDA as NVIDIA writes it, copied from NVIDIA's published Dockerfile of nvidia/cuda:12.8.1-base-
@@ -138,16 +141,6 @@ INSTALLS = {
     "ngc-pytorch-train-2.4.0a0-cu124": ["PIP_BREAK_SYSTEM_PACKAGES=1 pip install", "nvidia-ml-py==12.570.86"],
     "ngc-pytorch-train-2.6.0a0-cu128": ["PIP_BREAK_SYSTEM_PACKAGES=1 pip install", "nvidia-ml-py==12.570.86"],
 }
-SPEC = """\
-name: t
-purpose: train
-gpus: [H100-SXM]
-base: {cuda: "12.8.1", cudnn: "9", ubuntu: "24.04"}
-pytorch: "2.8.0"
-apt: {python3: "3.12.3-0ubuntu2", python3-minimal: "3.12.3-0ubuntu2", libpython3-stdlib: "3.12.3-0ubuntu2",
-      python3-venv: "3.12.3-0ubuntu2"}
-user: {name: gpuprov, uid: 1000}
-"""
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from dockerfile_parse import DockerfileParser
+from helpers.images import CUDA_SPEC
 
 from gpuprov.images.lint import lint
 from gpuprov.images.render import render
@@ -30,16 +31,7 @@ NCCL_TESTS = "https://github.com/NVIDIA/nccl-tests/archive/dd0bafd17891809734e1b
 # NVIDIA/nvbandwidth: tag v0.8 is commit 66746a3b...; README: cmake and libboost-program-options-dev; its
 # CMakeLists.txt detects the GPU's architecture unless CMAKE_CUDA_ARCHITECTURES is given (a build has no GPU).
 NVBANDWIDTH = "https://github.com/NVIDIA/nvbandwidth/archive/66746a3bef61c8c2e12ab34955310da70b9e38cb.tar.gz"
-SPEC = """\
-name: t
-purpose: train
-gpus: [H100-SXM]
-base: {cuda: "12.8.1", cudnn: "9", ubuntu: "24.04"FLAVOR}
-pytorch: "2.8.0"
-apt: {python3: "3.12.3-0ubuntu2", python3-minimal: "3.12.3-0ubuntu2", libpython3-stdlib: "3.12.3-0ubuntu2",
-      python3-venv: "3.12.3-0ubuntu2"}
-user: {name: gpuprov, uid: 1000}
-"""
+SPEC = CUDA_SPEC   # FLAVOR: where a test puts `, flavor: ...`
 
 
 @pytest.fixture(scope="module")
