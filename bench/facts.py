@@ -3,7 +3,8 @@
 For each size it measures:
 - gpuprov: `invoke facts --json` as a whole process (start-up included), wall time;
 - the SSH exec requests gpuprov sends per host (counted at paramiko's Channel.exec_command, in-process);
-- plain ssh: one `ssh host sh -s -- FILES < facts-script` process per host, all at once (the floor).
+- plain ssh: one `ssh host sh -s < facts-script` process per host (the script names the managed files), all at
+  once (the floor).
 It prints a table with the ratios gpuprov / ssh and 32 hosts / 1 host. Run by hand: `python bench/facts.py`.
 """
 
@@ -34,9 +35,9 @@ def exec_requests_per_host(inventory, hosts: list[str]) -> Counter:
     """Run facts in-process and count SSH exec requests per host."""
     import paramiko
 
-    from gpuprov.executor import Settings, run_on_hosts
+    from gpuprov.core.executor import Settings, run_on_hosts
     from gpuprov.facts.gather import gather
-    from gpuprov.ops import MANAGED_FILES
+    from gpuprov.provision.ops import MANAGED_FILES
 
     counts: Counter = Counter()
     original = paramiko.Channel.exec_command
@@ -58,9 +59,9 @@ def exec_requests_per_host(inventory, hosts: list[str]) -> Counter:
 
 def plain_ssh(inventory, hosts: list[str]) -> float:
     from gpuprov.facts.gather import facts_script
-    from gpuprov.ops import MANAGED_FILES
+    from gpuprov.provision.ops import MANAGED_FILES
 
-    script = facts_script().encode()
+    script = facts_script(MANAGED_FILES).encode()
     started = time.monotonic()
     procs = []
     for name in hosts:
@@ -68,7 +69,7 @@ def plain_ssh(inventory, hosts: list[str]) -> float:
         procs.append(subprocess.Popen(
             ["ssh", "-i", host.identity_file, "-p", str(host.port), "-o", "BatchMode=yes",
              "-o", f"UserKnownHostsFile={inventory.known_hosts}", "-o", "StrictHostKeyChecking=yes",
-             f"{host.user}@{host.address}", "sh", "-s", "--", *MANAGED_FILES],
+             f"{host.user}@{host.address}", "sh", "-s"],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
     for proc in procs:
         proc.stdin.write(script)

@@ -126,8 +126,9 @@ def without_engine(inventory: Path) -> None:
 def host_data(host, inventory, keyring: Path) -> dict:
     """The work gpuprov does on a bare lab host, as data for the peers: exact packages from gpuprov's own
     resolver and the managed files' exact content from gpuprov's own operations."""
-    from gpuprov.ops import container_toolkit, kernel, pins, sources
-    from gpuprov.ops.pkg import Package
+    from gpuprov.core.packages import Package
+    from gpuprov.provision.ops import container_toolkit, kernel, pins, sources
+    from gpuprov.stack import families
     from gpuprov.stack.resolve import PACKAGE_SECTIONS, resolve_for_host
 
     stack = resolve_for_host(host.vars, "debian-12", None).to_dict()
@@ -150,7 +151,7 @@ def host_data(host, inventory, keyring: Path) -> dict:
             "udev": container_toolkit.DEV_CHAR_CONTENT,
             "preferences": pins.preferences([pinned[name] for name in sorted(pinned)], stack["driver"]["version"],
                                             mirror.get("label")),
-            "unattended": pins.unattended(),
+            "unattended": families.unattended(),
         },
         # lab hosts are containers: they run this machine's kernel
         "bench_header_packages": [f"linux-headers-{os.uname().release}", "dkms"],
@@ -332,7 +333,7 @@ def block(commands: list[str]) -> str:
 
 def run_ssh(result: ToolResult, inventory, inventory_path: Path, workdir: Path) -> None:
     from gpuprov.facts.gather import facts_command
-    from gpuprov.ops import MANAGED_FILES
+    from gpuprov.provision.ops import MANAGED_FILES
 
     _, report = gpuprov_planned_changes(inventory_path)   # gpuprov's own plan for these bare hosts
     first, noop = {}, {}

@@ -8,7 +8,7 @@ import difflib
 import functools
 from dataclasses import dataclass
 
-from gpuprov.errors import InputError
+from gpuprov.core.errors import InputError
 from gpuprov.stack.data import table
 
 

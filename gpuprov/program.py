@@ -17,8 +17,8 @@ from invoke import Program
 from invoke.exceptions import Exit, ParseError
 
 from gpuprov import __version__
-from gpuprov.config import ConfigError, check_sources, config_file
-from gpuprov.errors import InputError
+from gpuprov.core.config import ConfigError, check_sources, config_file
+from gpuprov.core.errors import InputError
 from gpuprov.tasks import namespace
 from gpuprov.tasks._common import report_error
 

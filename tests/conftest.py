@@ -19,9 +19,9 @@ def fixture_text():
 
 @pytest.fixture(autouse=True)
 def own_secrets(monkeypatch):
-    """Each test masks only the secrets it registers itself (gpuprov.secrets keeps one registry per process,
+    """Each test masks only the secrets it registers itself (gpuprov.core.secrets keeps one registry per process,
     which a test's `pw` would otherwise turn into a mask over every later test's output)."""
-    from gpuprov import secrets
+    from gpuprov.core import secrets
 
     monkeypatch.setattr(secrets, "_values", set())
     monkeypatch.setattr(secrets, "_pattern", None)

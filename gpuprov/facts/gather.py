@@ -1,36 +1,45 @@
-"""Gather facts from hosts: the facts script over each host's one connection, parsed here."""
+"""Gather facts from hosts: the providers a job asks for, composed into one script, run over the host's one
+connection (one SSH command), parsed here. See gpuprov.facts.providers for the model, gpuprov.facts.base for the
+facts themselves and gpuprov.facts.schema for their types."""
 
 from __future__ import annotations
 
 import shlex
-from functools import cache
-from importlib import resources
+from collections.abc import Iterable
 
-from gpuprov.connection import HostConnection
-from gpuprov.errors import GpuprovError
-from gpuprov.facts.parsers import parse_facts
+from gpuprov.core.connection import HostConnection
+from gpuprov.core.errors import GpuprovError
+from gpuprov.facts.base import REGISTRY
+from gpuprov.facts.providers import FactArgs
+from gpuprov.facts.schema import HostFacts
 
-
-@cache
-def facts_script() -> str:
-    return resources.files("gpuprov.facts").joinpath("script.sh").read_text()
+DEFAULT: tuple[str, ...] = REGISTRY.default
 
 
-def facts_command(managed_files: tuple[str, ...] = ()) -> str:
-    """The one command that gathers every fact: `sh -c SCRIPT gpuprov-facts FILE...`, all quoted."""
-    args = " ".join(shlex.quote(path) for path in managed_files)
-    return f"sh -c {shlex.quote(facts_script())} gpuprov-facts {args}".rstrip()
+def facts_script(managed_files: tuple[str, ...] = (), facts: Iterable[str] = DEFAULT) -> str:
+    """The one POSIX sh script that gathers `facts` (and the managed files' contents) on a host."""
+    return REGISTRY.script(facts, FactArgs(files=tuple(managed_files)))
 
 
-def gather(conn: HostConnection, managed_files: tuple[str, ...] = ()) -> dict:
-    """Facts of the connected host (one SSH command, as root: managed files may be readable by root only).
-    The script travels on stdin; the command line holds only the managed files' paths."""
-    args = " ".join(shlex.quote(path) for path in managed_files)
-    result = conn.run(f"sh -s -- {args}".rstrip(), sudo=True, stdin=facts_script(), timeout=120)
+def facts_command(managed_files: tuple[str, ...] = (), facts: Iterable[str] = DEFAULT) -> str:
+    """The one command that gathers `facts`: `sh -c SCRIPT gpuprov-facts`, quoted (every value in the script is
+    quoted too); apply runs it at the end of a batch, whose stdin is the batch itself."""
+    return f"sh -c {shlex.quote(facts_script(managed_files, facts))} gpuprov-facts"
+
+
+def gather(conn: HostConnection, managed_files: tuple[str, ...] = (), facts: Iterable[str] = DEFAULT) -> HostFacts:
+    """The connected host's `facts` (default: all of them) in one SSH command, as root (managed files may be
+    readable by root only). The script travels on stdin."""
+    result = conn.run("sh -s", sudo=True, stdin=facts_script(managed_files, facts), timeout=120)
     return parse_gathered(conn, result.stdout, result.stderr)
 
 
-def parse_gathered(conn: HostConnection, output: str, stderr: str) -> dict:
+def parse_facts(host: str, output: str) -> HostFacts:
+    """The facts document in a facts script's output (it names the facts it gathered)."""
+    return {"host": host, **REGISTRY.parse(output)}
+
+
+def parse_gathered(conn: HostConnection, output: str, stderr: str) -> HostFacts:
     """Parse the facts script's output; a cut-off run is an error naming the host."""
     facts = parse_facts(conn.host.name, output)
     if not facts["complete"]:

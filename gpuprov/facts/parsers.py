@@ -1,6 +1,8 @@
-"""Parsers for the sections of the facts script's output. Each takes the section's text and returns data.
+"""Parsers of what the fact providers' commands print (gpuprov/facts/base.py registers them with their commands).
 
-Every parser accepts an empty section (the tool is missing) and returns null-like data for it.
+Every parser accepts empty output (the tool is missing) and returns null-like data for it. Parsers of commands whose
+exit status matters take `(text, rc)`, as `Provider.parse` does; `rc` is `providers.MISSING` when the tool is not
+installed.
 """
 
 from __future__ import annotations
@@ -8,22 +10,29 @@ from __future__ import annotations
 import base64
 import json
 import re
+import xml.etree.ElementTree as ET
 
-SECTION = re.compile(r"^@@gpuprov:(.+)$", re.M)
+from gpuprov.facts.providers import MISSING, NoAnswer
+from gpuprov.facts.schema import (
+    Container,
+    DeviceUser,
+    GpuProcess,
+    NvidiaSmi,
+    NvidiaSmiError,
+    Nvrm,
+    OsRelease,
+    PciGpu,
+    ServiceState,
+    SmiGpu,
+)
+from gpuprov.smoke import nvsmi
+
+LEGACY_RC = re.compile(r"^@@rc=(\d*)\s*$", re.M)
 OS_KEYS = {("ubuntu", "22.04"), ("ubuntu", "24.04"), ("debian", "12"), ("rhel", "9"), ("rocky", "9")}
 RHEL_LIKE = {"rhel", "rocky", "almalinux", "centos", "fedora", "ol"}
 
 
-def split_sections(output: str) -> dict[str, str]:
-    """Cut the script's output into {section name: text}."""
-    parts = SECTION.split(output)
-    sections: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        sections[name.strip()] = body.strip("\n")
-    return sections
-
-
-def parse_os_release(text: str) -> dict:
+def parse_os_release(text: str) -> OsRelease:
     values = {}
     for line in text.splitlines():
         key, sep, value = line.partition("=")
@@ -55,11 +64,12 @@ LSPCI_LINE = re.compile(
 )
 
 
-def parse_lspci(text: str) -> tuple[list[dict], int]:
+def parse_lspci(text: str) -> tuple[list[PciGpu], int]:
     """NVIDIA GPUs and the NVSwitch count from `lspci -D -nn` lines."""
     from gpuprov import catalog
 
-    gpus, nvswitches = [], 0
+    gpus: list[PciGpu] = []
+    nvswitches = 0
     for line in text.splitlines():
         match = LSPCI_LINE.match(line.strip())
         if not match or match["vendor"].lower() != "10de":
@@ -76,72 +86,58 @@ def parse_lspci(text: str) -> tuple[list[dict], int]:
     return gpus, nvswitches
 
 
-def parse_smi_tree(text: str) -> dict:
-    """`nvidia-smi -q` text into nested dicts; GPU blocks under "GPU <bus id>" keys."""
-    root: dict = {}
-    stack: list[tuple[int, dict]] = [(-1, root)]
-    for raw in text.splitlines():
-        if not raw.strip() or raw.startswith("==="):
-            continue
-        indent = len(raw) - len(raw.lstrip(" "))
-        key, sep, value = raw.strip().partition(" : ")
-        if not sep and raw.rstrip().endswith(":"):
-            key, sep, value = raw.strip()[:-1], ":", ""
-        while stack[-1][0] >= indent:
-            stack.pop()
-        parent = stack[-1][1]
-        if sep and value.strip():
-            parent[key.strip()] = value.strip()
-        else:
-            child: dict = {}
-            parent[key.strip()] = child
-            stack.append((indent, child))
-    return root
-
-
-def _enabled(value) -> bool | None:
+def _enabled(value: str | None) -> bool | None:
     if not isinstance(value, str):
         return None
     return {"enabled": True, "disabled": False}.get(value.strip().lower())
 
 
-def _mib(value) -> int | None:
-    match = re.match(r"(\d+)\s*MiB", value or "") if isinstance(value, str) else None
-    return int(match.group(1)) if match else None
+def _failure(text: str, rc: int) -> NvidiaSmiError:
+    """nvidia-smi's own message (every line it printed), or its exit code when it printed nothing."""
+    return {"error": "; ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+            or f"exit code {rc}"}
 
 
-def parse_nvidia_smi(text: str) -> dict | None:
-    """Driver, CUDA and per-GPU facts from `nvidia-smi -q`; `{"error": ...}` when it failed."""
-    if not text.strip():
+XML_START = re.compile(r"<\?xml|<nvidia_smi_log[\s>]")
+XML_END = "</nvidia_smi_log>"
+
+
+def parse_nvidia_smi_xml(text: str, rc: int) -> NvidiaSmi | NvidiaSmiError | None:
+    """Driver, CUDA and per-GPU facts from `nvidia-smi -q -x` (stderr joined in), read by the suite's own parser
+    (gpuprov.smoke.nvsmi.parse_q_xml); None when nvidia-smi is not installed, `{"error": ...}` when it failed."""
+    if rc == MISSING:
         return None
-    rc_match = re.search(r"^@@rc=(\d+)\s*$", text, re.M)
-    body = text[: rc_match.start()] if rc_match else text
-    if rc_match and rc_match.group(1) != "0":
-        lines = [line.strip() for line in body.strip().splitlines() if line.strip()]
-        return {"error": "; ".join(lines) or f"exit code {rc_match.group(1)}"}
-    tree = parse_smi_tree(body)
-    gpus = []
-    for key, block in tree.items():
-        if not key.startswith("GPU ") or not isinstance(block, dict):
-            continue
-        ecc = block.get("ECC Mode", {})
-        gpus.append({
-            "index": len(gpus),
-            "name": block.get("Product Name"),
-            "uuid": block.get("GPU UUID"),
-            "bus_id": key[4:],
-            "memory_total_mib": _mib(block.get("FB Memory Usage", {}).get("Total")),
-            "persistence_mode": _enabled(block.get("Persistence Mode")),
-            "ecc_mode": _enabled(ecc.get("Current") if isinstance(ecc, dict) else None),
-        })
-    return {"driver_version": tree.get("Driver Version"), "cuda_version": tree.get("CUDA Version"),
-            "gpus": gpus}
+    if rc != 0:
+        return _failure(text, rc)
+    start = XML_START.search(text)
+    end = text.rfind(XML_END)
+    if start is None or end < 0:
+        return {"error": f"nvidia-smi -q -x printed no XML report: {text.strip()[:300] or 'nothing'}"}
+    try:
+        report = nvsmi.parse_q_xml(text[start.start(): end + len(XML_END)])
+    except ET.ParseError as exc:
+        return {"error": f"nvidia-smi -q -x printed invalid XML ({exc})"}
+    gpus: list[SmiGpu] = [{
+        "index": index, "name": gpu["name"], "uuid": gpu["uuid"], "bus_id": gpu["bus_id"],
+        "memory_total_mib": gpu["memory_total_mib"], "persistence_mode": _enabled(gpu["persistence_mode"]),
+        "ecc_mode": _enabled(gpu["ecc_mode"])} for index, gpu in enumerate(report["gpus"])]
+    return {"driver_version": report["driver_version"], "cuda_version": report["cuda_version"], "gpus": gpus}
+
+
+def with_status(text: str) -> tuple[str, int | None]:
+    """A command's output with its exit status appended as a last `@@rc=N` line (how the lab tests hold what a
+    tool printed) -> (the output, N); N is None without such a line."""
+    matches = list(LEGACY_RC.finditer(text))
+    if not matches or text[matches[-1].end():].strip():
+        return text, None
+    last = matches[-1]
+    return text[: last.start()], int(last.group(1)) if last.group(1) else None
 
 
 NVRM = re.compile(r"NVRM version:.*?(?:Kernel Module|x86_64|aarch64)\s+(\d+\.\d+(?:\.\d+)?)\s")
 
 
-def parse_nvrm(text: str) -> dict | None:
+def parse_nvrm(text: str) -> Nvrm | None:
     """The loaded kernel module's version and flavour from /proc/driver/nvidia/version."""
     match = NVRM.search(text)
     if not match:
@@ -173,9 +169,9 @@ def parse_secure_boot(text: str) -> bool | None:
     return None
 
 
-def parse_services(text: str) -> dict[str, dict]:
+def parse_services(text: str) -> dict[str, ServiceState]:
     """Units from `systemctl show -p Id,LoadState,UnitFileState,ActiveState UNIT...` (blank-line separated)."""
-    services = {}
+    services: dict[str, ServiceState] = {}
     for block in text.strip().split("\n\n"):
         props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
         if not props.get("Id"):
@@ -204,29 +200,38 @@ def parse_disk(text: str) -> dict[str, int]:
 
 
 def parse_file(text: str) -> str | None:
-    """A managed file's content (None when absent)."""
+    """A managed file's content (None when absent): `present` and its base64, `unreadable`, or nothing."""
     status, _, payload = text.partition("\n")
     if status.strip() != "present":
         return None
     return base64.b64decode(payload.replace("\n", "")).decode(errors="replace")
 
 
-def _with_rc(text: str) -> tuple[list[str], int | None]:
-    """A section's lines and the `@@rc=N` its command ended with (None: the tool is missing)."""
-    lines = [line for line in text.splitlines() if line.strip()]
-    if not lines or not lines[-1].startswith("@@rc="):
-        return lines, None
-    return lines[:-1], int(lines[-1][5:]) if lines[-1][5:].isdigit() else None
+FILE_MARK = re.compile(r"^@@file (?P<path>.*)$", re.M)
 
 
-def parse_gpu_processes(text: str) -> list[dict] | None:
+def parse_files(text: str) -> dict[str, str | None]:
+    """{path: content or None} from the files provider's `@@file PATH` records (each parsed by parse_file)."""
+    marks = list(FILE_MARK.finditer(text))
+    files = {}
+    for index, mark in enumerate(marks):
+        end = marks[index + 1].start() if index + 1 < len(marks) else len(text)
+        files[mark.group("path")] = parse_file(text[mark.end() + 1: end].strip("\n"))
+    return files
+
+
+def parse_gpu_processes(text: str, rc: int | None = None) -> list[GpuProcess] | None:
     """`nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits` lines;
-    None when nvidia-smi is missing or cannot answer."""
-    lines, rc = _with_rc(text)
-    if rc != 0:
+    None without nvidia-smi, NoAnswer when it fails (NVML cannot answer). Without `rc`, the status is read from a
+    last `@@rc=N` line (with_status; none: nvidia-smi is missing)."""
+    if rc is None:
+        text, rc = with_status(text)
+    if rc is None or rc == MISSING:
         return None
-    processes = []
-    for line in lines:
+    if rc != 0:
+        raise NoAnswer(f"nvidia-smi --query-compute-apps exited {rc}")
+    processes: list[GpuProcess] = []
+    for line in parse_lines(text):
         fields = [field.strip() for field in line.split(",")]
         if len(fields) < 3:
             continue
@@ -236,21 +241,22 @@ def parse_gpu_processes(text: str) -> list[dict] | None:
     return processes
 
 
-def parse_containers(text: str) -> list[dict] | None:
-    """Running containers from `docker ps --format ID\tNAME\tIMAGE`; None when Docker cannot be asked."""
-    lines, rc = _with_rc(text)
-    if rc != 0:
+def parse_containers(text: str, rc: int) -> list[Container] | None:
+    """Running containers from `docker ps --format ID\tNAME\tIMAGE`; None without Docker; NoAnswer when it fails."""
+    if rc == MISSING:
         return None
-    return [dict(zip(("id", "name", "image"), line.split("\t", 2), strict=False)) for line in lines]
+    if rc != 0:
+        raise NoAnswer(f"docker ps exited {rc}")
+    return [dict(zip(("id", "name", "image"), line.split("\t", 2), strict=False)) for line in parse_lines(text)]
 
 
 def parse_lines(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
-def parse_device_users(text: str) -> list[dict]:
+def parse_device_users(text: str) -> list[DeviceUser]:
     """Processes with a /dev/nvidiaN open: `PID COMM` lines."""
-    users = []
+    users: list[DeviceUser] = []
     for line in parse_lines(text):
         pid, _, comm = line.partition(" ")
         if pid.isdigit():
@@ -258,104 +264,32 @@ def parse_device_users(text: str) -> list[dict]:
     return users
 
 
-def parse_slurm(text: str) -> list[str] | None:
-    """Slurm jobs on this node (`squeue -h -w NODE -o '%i %u %j'`); None without Slurm or when it fails."""
-    lines, rc = _with_rc(text)
-    return None if rc != 0 else lines
+def parse_slurm(text: str, rc: int) -> list[str] | None:
+    """Slurm jobs on this node (`squeue -h -w NODE -o '%i %u %j'`); None without Slurm; NoAnswer when it fails."""
+    if rc == MISSING:
+        return None
+    if rc != 0:
+        raise NoAnswer(f"squeue exited {rc}")
+    return parse_lines(text)
 
 
-def parse_facts(host: str, output: str) -> dict:
-    """All facts of one host from the facts script's whole output (schema in docs/design.md)."""
-    sec = split_sections(output)
-    uname = sec.get("uname", "").splitlines()
-    meminfo = re.search(r"(\d+)", sec.get("meminfo", ""))
-    gpus, nvswitch_count = parse_lspci(sec.get("lspci", ""))
-    nvrm = parse_nvrm(sec.get("nvrm", ""))
-    smi = parse_nvidia_smi(sec.get("nvidia-smi", ""))
-    modules = set(sec.get("modules", "").split())
-    packages, held = parse_packages(sec.get("packages", ""))
-    services = parse_services(sec.get("services", ""))
-    files = {name[5:]: parse_file(body) for name, body in sec.items() if name.startswith("file ")}
-    daemon_json = _json_or_none(files.get("/etc/docker/daemon.json"))
-    docker_version = first_version(sec.get("docker", ""))
-    fm_service = services.get("nvidia-fabricmanager", {})
-    fm_version = first_version(sec.get("fabricmanager", ""))
-    dcgm_version = first_version(sec.get("dcgm", ""))
-    cloud = re.search(r"status:\s*(\S+)", sec.get("cloud-init", ""))
-    return {
-        "host": host,
-        "os": parse_os_release(sec.get("os-release", "")),
-        "kernel": uname[0] if uname else None,
-        "arch": uname[1] if len(uname) > 1 else None,
-        "cpus": int(sec["cpus"]) if sec.get("cpus", "").strip().isdigit() else None,
-        "mem_total_mib": int(meminfo.group(1)) // 1024 if meminfo else None,
-        "pci_gpus": gpus,
-        "nvswitch_count": nvswitch_count,
-        "nvidia_smi": smi,
-        "loaded_driver_version": _loaded_driver(nvrm, smi),
-        "loaded_driver_open": nvrm["open"] if nvrm else None,
-        "nvidia_modules_loaded": sorted(modules - {"nouveau"}),
-        "packages": packages,
-        "held": held,
-        "nouveau_loaded": "nouveau" in modules,
-        "nouveau_blacklisted": bool(sec.get("nouveau-blacklist", "").strip()),
-        "secure_boot": parse_secure_boot(sec.get("secure-boot", "")),
-        "kernel_headers": sec.get("kernel-headers", "").strip() == "yes",
-        "docker": None if docker_version is None else {
-            "version": docker_version,
-            "active": services.get("docker", {}).get("active", False),
-            "daemon_json": daemon_json,
-            "runtimes": sorted((daemon_json or {}).get("runtimes", {})),
-            "live_runtimes": _json_keys(sec.get("docker-runtimes", "")),
-            "ctk_daemon_json": parse_file("present\n" + sec["ctk-daemon-json"])
-            if sec.get("ctk-daemon-json", "").strip() else None,
-        },
-        "container_toolkit": first_version(sec.get("ctk", "")),
-        "fabricmanager": None if not (fm_version or fm_service.get("exists")) else {
-            "version": fm_version, "active": fm_service.get("active", False),
-            "enabled": fm_service.get("enabled", False)},
-        "dcgm": None if dcgm_version is None else {
-            "version": dcgm_version, "active": services.get("nvidia-dcgm", {}).get("active", False)},
-        "persistenced": None if not services.get("nvidia-persistenced", {}).get("exists") else {
-            "active": services["nvidia-persistenced"]["active"],
-            "enabled": services["nvidia-persistenced"]["enabled"]},
-        "services": services,
-        "reboot_required": sec.get("reboot-required", "").strip() == "yes",
-        "reboot_required_pkgs": parse_lines(sec.get("reboot-required-pkgs", "")),
-        "gpuprov_reboot_pending": parse_lines(sec.get("gpuprov-reboot-pending", "")),
-        "gpu_processes": parse_gpu_processes(sec.get("gpu-processes", "")),
-        "gpu_device_users": parse_device_users(sec.get("device-users", "")),
-        "containers": parse_containers(sec.get("containers", "")),
-        "slurm_jobs": parse_slurm(sec.get("slurm", "")),
-        "dkms_status": parse_lines(sec["dkms"]) if sec.get("dkms", "").strip() else None,
-        "kernels_installed": parse_lines(sec.get("kernels", "")),
-        "dpkg_interrupted": bool(sec.get("dpkg-interrupted", "").strip()),
-        "package_manager_busy": [line for line in sec.get("package-manager-busy", "").splitlines() if line],
-        "cloud_init": cloud.group(1) if cloud else None,
-        "disk_free_mib": parse_disk(sec.get("disk", "")),
-        "files": files,
-        "gathered_at": sec.get("date", "").strip() or None,
-        "complete": "end" in sec,
-    }
-
-
-def _loaded_driver(nvrm: dict | None, smi: dict | None) -> str | None:
+def loaded_driver(nvrm: Nvrm | None, smi: NvidiaSmi | NvidiaSmiError | None) -> str | None:
     """The loaded module's version: /proc/driver/nvidia/version, else what a working nvidia-smi reports
     (NVML answers only when the loaded module and the library match)."""
     if nvrm:
         return nvrm["version"]
-    if smi and not smi.get("error"):
+    if smi and "error" not in smi:
         return smi.get("driver_version")
     return None
 
 
-def _json_keys(text: str) -> list[str] | None:
+def json_keys(text: str) -> list[str] | None:
     """Sorted keys of a JSON object (`docker info --format '{{json .Runtimes}}'`); None when unreadable."""
-    value = _json_or_none(text.strip())
+    value = json_or_none(text.strip())
     return sorted(value) if isinstance(value, dict) else None
 
 
-def _json_or_none(text: str | None):
+def json_or_none(text: str | None):
     if not text:
         return None
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 from gpuprov.harden.guard import Answer, Guard, outcome
 
 MARGIN_S = 5          # the last new connection starts this long before the host's deadline

@@ -22,8 +22,8 @@ import re
 import shlex
 from dataclasses import dataclass, replace
 
+from gpuprov.core.operations import Change, write_file
 from gpuprov.harden.firewall import TABLE
-from gpuprov.ops.base import Change, write_file
 
 GUARD_DIR = "/var/lib/gpuprov/harden"
 SYSTEMD_DIR = "/etc/systemd/system"

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import shlex
 
+from gpuprov.core.operations import Change, install_change, managed_file, write_file
+from gpuprov.core.packages import for_family
 from gpuprov.harden.firewall import LISTING, RULESET, TABLE, UNIT, UNIT_FILE, unit_file
 from gpuprov.harden.guard import BOOT_UNIT, GUARD_DIR
-from gpuprov.ops.base import Change, unified_diff, write_file
-from gpuprov.ops.pkg import for_family
 
 WANTS_LINK = f"/etc/systemd/system/multi-user.target.wants/{UNIT}"
 FILES = (RULESET, LISTING, UNIT_FILE)
@@ -52,31 +52,23 @@ def guard_dropin() -> str:
 
 def install(facts: dict) -> Change | None:
     """Install nftables when the host lacks it (a plain step, before the guard is armed); None when present."""
-    if facts.get("nft"):
-        return None
-    pm = for_family((facts.get("os") or {}).get("family") or "debian")
-    return Change("packages", "install nftables (before the guarded changes: apt may wait for its lock, the "
-                  "host's revert window does not)", (pm.update(), pm.install_names(["nftables"])))
+    present = {"nftables": "nft answers"} if facts.get("nft") else {}   # facts tell the program, not the package
+    return install_change("packages", for_family((facts.get("os") or {}).get("family") or "debian"), ["nftables"],
+                          present, "before the guarded changes: apt may wait for its lock, the host's revert window "
+                                   "does not")
 
 
 def change(facts: dict, ruleset: str, summary: str) -> Change | None:
-    """Check, load and persist the ruleset (None when in state)."""
+    """Stage the ruleset, check it with `nft -c` before it replaces the old file, load it, record its listing and
+    persist it (the boot unit and its guard drop-in); None when in state."""
     differs = state(facts, ruleset)
     if not differs:
         return None
-    candidate = f"{RULESET}.gpuprov-new"
-    commands = [
-        f"mkdir -p {q(RULESET.rsplit('/', 1)[0])} {q(LISTING.rsplit('/', 1)[0])}",
-        write_file(candidate, ruleset, "0600"),
-        f"if ! out=$(nft -c -f {q(candidate)} 2>&1); then echo \"nft -c rejected the ruleset: $out\" >&2; "
-        f"rm -f {q(candidate)}; exit 1; fi",
-        f"mv -f {q(candidate)} {q(RULESET)}",
-        f"nft -f {q(RULESET)}",
-        f"nft list table {TABLE} > {q(LISTING)}",
-    ]
+    then = [f"nft -f {q(RULESET)}",
+            f"mkdir -p {q(LISTING.rsplit('/', 1)[0])} && nft list table {TABLE} > {q(LISTING)}"]
     if facts.get("systemd"):
-        commands += [write_file(UNIT_FILE, unit_file()), write_file(GUARD_DROPIN, guard_dropin()),
-                     "systemctl daemon-reload", f"systemctl enable {UNIT}"]
-    current = (facts.get("files") or {}).get(RULESET)
-    why = "; ".join(differs.values())
-    return Change("firewall", f"{summary} ({why})", tuple(commands), diff=unified_diff(RULESET, current, ruleset))
+        then += [write_file(UNIT_FILE, unit_file()), write_file(GUARD_DROPIN, guard_dropin()),
+                 "systemctl daemon-reload", f"systemctl enable {UNIT}"]
+    return managed_file("firewall", RULESET, (facts.get("files") or {}).get(RULESET), ruleset, "nftables ruleset",
+                        mode="0600", validate="nft -c -f %s", rejected="nft -c rejected the ruleset",
+                        then=tuple(then), always=True, summary=f"{summary} ({'; '.join(differs.values())})")

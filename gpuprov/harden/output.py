@@ -1,11 +1,11 @@
 """What `invoke harden` prints: each host's plan, refusals and rollback, the controls table and the summary. Every
-value is printed literally (gpuprov.report.console / styled)."""
+value is printed literally (gpuprov.core.report.console / styled)."""
 
 from __future__ import annotations
 
 import json
 
-from gpuprov.errors import literal, literal_lines
+from gpuprov.core.errors import literal, literal_lines
 
 STATUS_STYLE = {"pass": "green", "fail": "bold red", "waived": "yellow", "skip": "dim"}
 
@@ -21,7 +21,7 @@ def shown(value) -> str:
 
 def print_hosts(runs: list[dict], dry_run: bool, confirm_timeout: int) -> None:
     """Per host: refusals, what --i-have-console-access let through, the plan (dry run), the guard's outcome."""
-    from gpuprov.report import console, print_plan, styled
+    from gpuprov.core.report import console, print_plan, styled
 
     out = console()
     for run in runs:
@@ -58,7 +58,7 @@ def controls_table(runs: list[dict]) -> None:
     """One row per host and control: status, observed and expected value (a waiver's reason in the detail)."""
     from rich.table import Table
 
-    from gpuprov.report import console, styled
+    from gpuprov.core.report import console, styled
 
     table = Table(title=styled("harden --check"), title_justify="left")
     for column in ("host", "control", "status", "observed", "expected"):

@@ -47,7 +47,7 @@ class HardenPolicy:
 
     def value(self, name: str):
         """A policy value a control's expected value refers to (`{policy: NAME}`), as sshd -T prints it."""
-        from gpuprov.ops.pins import BLACKLIST
+        from gpuprov.stack.families import BLACKLIST
 
         if name in KINDS:
             return list(self.algorithm(name).names)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 
 AREAS = ("firewall", "ssh", "updates", "system")
 OPERATORS = ("equals", "one_of", "subset_of", "contains_all", "contains")

@@ -1,6 +1,10 @@
 """Harden one host: facts, policy, plan, lockout refusals, then the guarded apply, its verification on the effective
 configuration and the confirmation over a new connection; or, with --check, the audit alone. A run that would change
-the host is refused while another run's guard is undecided there (named in the error)."""
+the host is refused while another run's guard is undecided there (named in the error).
+
+`HardenJob` is the fleet runtime's job (gpuprov.core.runtime): its steps run in the runtime's order (facts, plan,
+refusals, the dry run's end or the apply, the audit), and `HardenRecord` is what the report says of each host.
+"""
 
 from __future__ import annotations
 
@@ -8,19 +12,22 @@ import getpass
 import secrets
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
+from gpuprov.core.runtime import HostJob, HostRecord
 from gpuprov.harden import firewall, lockout, nft, sshd, updates
 from gpuprov.harden.audit import audit
 from gpuprov.harden.confirm import BY_HOST, GuardOutcome, confirm, revert_now
 from gpuprov.harden.guard import MARK, Guard, undecided_script
 from gpuprov.harden.policy import HardenPolicy, build_policy
+from gpuprov.harden.variables import VARIABLES
 
 COMPONENTS = ("firewall", "ssh", "updates")
 GUARDED = ("ssh", "firewall")      # applied in this order, behind the guard
 MANAGED_FILES = (*nft.FILES, sshd.DROPIN, *updates.FILES)
+# a harden run ends in one of these (and failed or skipped when it raised); the first three exit 1
+NOT_WHERE_ASKED = ("refused", "rolled back", "unknown")
 
 
 @dataclass(frozen=True)
@@ -35,30 +42,33 @@ class HardenOptions:
 
 
 @dataclass
-class HardenRun:
-    """Everything that happened on one host, for the table and the JSON report."""
+class HardenRecord(HostRecord):
+    """One host's harden run: the controller's address as the host sees it, the lockout refusals (and those
+    --i-have-console-access overrode), the guard's outcome and the controls audited. `plan` is the list of planned
+    changes (change_dict); status: unchanged | planned | changed | checked | refused | rolled back | unknown |
+    failed | skipped. The policy and ruleset the run works from stay out of the report."""
 
-    host: str
-    status: str = "unchanged"   # unchanged | planned | changed | checked | refused | rolled back | unknown | failed
+    plan: list[dict] = field(default_factory=list)
     controller: dict | None = None
     refusals: list[str] = field(default_factory=list)
     overridden: list[str] = field(default_factory=list)
-    plan: list[dict] = field(default_factory=list)
-    steps: list = field(default_factory=list)
     guard: GuardOutcome | None = None
     controls: list[dict] = field(default_factory=list)
-    facts_before: dict | None = None
-    facts_after: dict | None = None
+    policy: HardenPolicy | None = field(default=None, repr=False)
+    ruleset: str = field(default="", repr=False)
 
-    def to_dict(self) -> dict:
-        return {"host": self.host, "status": self.status, "controller": self.controller, "refusals": self.refusals,
-                "overridden": self.overridden, "plan": self.plan, "steps": [s.to_dict() for s in self.steps],
-                "guard": self.guard.to_dict() if self.guard else None, "controls": self.controls,
-                "facts_before": self.facts_before, "facts_after": self.facts_after}
+    def details(self) -> dict:
+        return {"controller": self.controller, "refusals": self.refusals, "overridden": self.overridden,
+                "guard": self.guard.to_dict() if self.guard else None, "controls": self.controls}
 
     @property
     def failed_controls(self) -> list[dict]:
-        return [c for c in self.controls if c["status"] == "fail"]
+        return failing_controls(self.controls)
+
+
+def failing_controls(controls: list[dict]) -> list[dict]:
+    """The controls (audit results as in the report) that fail."""
+    return [c for c in controls if c["status"] == "fail"]
 
 
 def plan_changes(policy: HardenPolicy, facts: dict, ruleset: str, only: frozenset[str]) -> list:
@@ -86,42 +96,101 @@ def refusals(conn, policy: HardenPolicy, facts: dict, changes: list) -> list[str
     return found
 
 
-def harden_host(conn, host, options: HardenOptions, say: Callable[[str, str], None] = lambda h, w: None) -> HardenRun:
-    """The whole job on one connected host. Raises GpuprovError with the run so far attached."""
-    from gpuprov.harden.facts import gather
-    from gpuprov.plan import change_dict
+class HardenJob(HostJob):
+    """`invoke harden`: the firewall, sshd and unattended-upgrades policy on each host, never locking gpuprov out
+    (lockouts refused unless --i-have-console-access, the ssh and firewall changes behind the host's own revert);
+    `--check` audits alone (report harden-check)."""
 
-    run = HardenRun(host.name)
-    try:
-        if not (options.check or options.dry_run):
-            _refuse_if_undecided(conn)
-        say(host.name, "facts")
-        facts = run.facts_before = run.facts_after = gather(conn, MANAGED_FILES)
-        run.controller = facts.get("controller")
-        policy = build_policy(host.vars, facts)
-        ruleset = firewall.render(list(policy.rules), policy.docker_bridges)
+    kind = "harden"
+    columns = ("host", "status", "changes", "controller", "controls", "detail")
+    variables = tuple(dict.fromkeys(spec.name.split(".")[0] for spec in VARIABLES))
+
+    def __init__(self, options: HardenOptions):
+        super().__init__(options.dry_run)
+        self.options = options
         if options.check:
-            run.controls = [r.to_dict() for r in audit(facts, policy, ruleset, options.only)]
-            run.status = "checked"
-            return run
-        changes = plan_changes(policy, facts, ruleset, options.only)
-        run.plan = [change_dict(c) for c in changes]
-        found = refusals(conn, policy, facts, changes)
-        if found and not options.console_access:
-            run.refusals, run.status = found, "refused"
-            return run
-        run.overridden = found
-        if options.dry_run or not changes:
-            run.status = "planned" if changes else "unchanged"
-            run.controls = [r.to_dict() for r in audit(facts, policy, ruleset, options.only)]
-            return run
-        say(host.name, f"apply {len(changes)} changes")
-        _apply(conn, run, changes, policy, ruleset, options)
-        return run
-    except GpuprovError as exc:
-        run.status = "failed"
-        exc.run = run
-        raise
+            self.kind = "harden-check"
+
+    def new_record(self, host) -> HardenRecord:
+        return HardenRecord(host.name)
+
+    def managed_files(self, host) -> tuple[str, ...]:
+        return MANAGED_FILES
+
+    def gather(self, conn, record: HardenRecord) -> dict:
+        """A run that may change the host is refused first while another run's guard is undecided there; then
+        harden's own facts (with the controller's address as the host sees it)."""
+        from gpuprov.harden.facts import gather
+
+        if not (self.options.check or self.dry_run):
+            _refuse_if_undecided(conn)
+        facts = gather(conn, MANAGED_FILES)
+        record.controller = facts.get("controller")
+        return facts
+
+    def plan(self, conn, record: HardenRecord) -> list:
+        """The host's policy and ruleset, then the changes it needs (none with --check: the audit alone)."""
+        from gpuprov.core.operations import change_dict
+
+        record.policy = build_policy(conn.host.vars, record.facts_before)
+        record.ruleset = firewall.render(list(record.policy.rules), record.policy.docker_bridges)
+        if self.options.check:
+            record.status = "checked"
+            return []
+        changes = plan_changes(record.policy, record.facts_before, record.ruleset, self.options.only)
+        record.plan = [change_dict(c) for c in changes]
+        return changes
+
+    def refuse(self, conn, record: HardenRecord, changes: list) -> list:
+        """Nothing runs when a change would lock gpuprov out, unless --i-have-console-access (then said)."""
+        found = refusals(conn, record.policy, record.facts_before, changes)
+        if found and not self.options.console_access:
+            record.refusals, record.status = found, "refused"
+            return []
+        record.overridden = found
+        return changes
+
+    def planned(self, record: HardenRecord, changes: list) -> None:
+        """A dry run (or --check --dry-run) ends here: planned or unchanged (checked and refused stay), audited on
+        the facts before."""
+        if record.status == "unchanged":
+            record.status = "planned" if changes else "unchanged"
+        self._audit(record)
+
+    def apply(self, conn, record: HardenRecord, changes: list) -> None:
+        _apply(conn, record, changes, self.options)
+
+    def verify(self, conn, record: HardenRecord, say) -> None:
+        """After the guarded apply (confirmed or reverted) or when nothing was to change: the audit."""
+        self._audit(record)
+
+    def _audit(self, record: HardenRecord) -> None:
+        """The controls of the parts asked for, on the facts after the run (a refused run audits nothing)."""
+        if record.status != "refused":
+            record.controls = [r.to_dict() for r in audit(record.facts_after, record.policy, record.ruleset,
+                                                           self.options.only)]
+
+    def failing(self, entry: dict) -> bool:
+        """A lockout refused, a guarded change rolled back or not known to have stayed, or a failing control
+        (audited, or after the run; not the state before a dry run)."""
+        return entry["status"] in NOT_WHERE_ASKED or bool(failing_controls(entry.get("controls") or [])
+                                                          and not self.dry_run)
+
+    def row(self, entry: dict) -> dict:
+        from gpuprov.harden.output import summary_row
+
+        return summary_row(entry)
+
+    def print_details(self, entries: list[dict]) -> None:
+        from gpuprov.harden.output import controls_table, print_hosts
+
+        print_hosts(entries, self.dry_run, self.options.confirm_timeout)
+        if self.options.check:
+            controls_table(entries)
+
+    def report_fields(self) -> dict:
+        return {"check": self.options.check, "dry_run": self.dry_run, "only": sorted(self.options.only),
+                "confirm_timeout": self.options.confirm_timeout}
 
 
 def _refuse_if_undecided(conn) -> None:
@@ -135,44 +204,50 @@ def _refuse_if_undecided(conn) -> None:
                                 "(or at the host's next boot); then rerun harden")
 
 
-def _apply(conn, run: HardenRun, changes: list, policy: HardenPolicy, ruleset: str, options: HardenOptions) -> None:
-    """Apply behind the guard, verify on the facts gathered with the batch, then confirm or revert."""
-    from gpuprov.apply import apply_changes
+def _apply(conn, record: HardenRecord, changes: list, options: HardenOptions) -> None:
+    """Apply behind the guard, verify on the facts gathered with the batch, then confirm or revert. A failed batch
+    raises with its steps (`exc.steps`, the runtime records them); so does an error while reverting it."""
+    from gpuprov.core.apply import apply_changes
     from gpuprov.harden.facts import facts_command, parse_gathered
 
     guarded = sorted((c for c in changes if c.component in GUARDED), key=lambda c: GUARDED.index(c.component))
     plain = [c for c in changes if c.component not in GUARDED]
-    guard = _guard(guarded, options.confirm_timeout, run.controller)
+    guard = _guard(guarded, options.confirm_timeout, record.controller)
     batch = plain + ([guard.arm(), *(guard.guarded(c) for c in guarded)] if guard else [])
     armed_before = time.monotonic()
     try:
-        steps, run.facts_after = apply_changes(conn, batch, task="harden",
-                                               facts=(facts_command(conn.host.user, MANAGED_FILES), parse_gathered))
+        steps, record.facts_after = apply_changes(conn, batch, task="harden",
+                                                  facts=(facts_command(conn.host.user, MANAGED_FILES),
+                                                         parse_gathered))
     except GpuprovError as exc:
-        run.steps = getattr(exc, "steps", [])
-        if guard and any(step.component == "guard" and step.status == "done" for step in run.steps):
-            run.guard = revert_now(conn, guard, armed_before, f"a step failed: {exc.message.splitlines()[0]}")
-            exc.hint = (exc.hint or "") + _after_revert(run.guard)
+        done = getattr(exc, "steps", [])
+        if guard and any(step.component == "guard" and step.status == "done" for step in done):
+            try:
+                record.guard = revert_now(conn, guard, armed_before,
+                                          f"a step failed: {exc.message.splitlines()[0]}")
+            except GpuprovError as lost:
+                lost.steps = done
+                raise
+            exc.hint = (exc.hint or "") + _after_revert(record.guard)
         raise
-    run.steps, run.status = steps, "changed"
+    record.steps, record.status = steps, "changed"
     areas = {c.component for c in guarded}
-    results = audit(run.facts_after, policy, ruleset, areas)
+    results = audit(record.facts_after, record.policy, record.ruleset, areas)
     wrong = [r.control.id for r in results if r.status == "fail"]
     if guard and wrong:
-        run.guard = revert_now(conn, guard, armed_before, "the effective configuration is not the policy: "
-                               + ", ".join(wrong) + _earlier_dropins(run.facts_after, wrong))
+        record.guard = revert_now(conn, guard, armed_before, "the effective configuration is not the policy: "
+                                  + ", ".join(wrong) + _earlier_dropins(record.facts_after, wrong))
     elif guard:
-        run.guard = confirm(conn, guard, armed_before)
-    if run.guard and run.guard.rolled_back:
-        run.status = "unknown" if run.guard.result == "unknown" else "rolled back"
+        record.guard = confirm(conn, guard, armed_before)
+    if record.guard and record.guard.rolled_back:
+        record.status = "unknown" if record.guard.result == "unknown" else "rolled back"
         from gpuprov.harden.facts import gather
 
         fresh = conn.fresh()
         try:
-            run.facts_after = gather(fresh.open(), MANAGED_FILES)
+            record.facts_after = gather(fresh.open(), MANAGED_FILES)
         finally:
             fresh.close()
-    run.controls = [r.to_dict() for r in audit(run.facts_after, policy, ruleset, options.only)]
 
 
 def _earlier_dropins(facts: dict, wrong: list[str]) -> str:

@@ -1,15 +1,17 @@
-"""sshd hardening: a drop-in named to sort before cloud-init's 50-cloud-init.conf, checked with `sshd -t` before sshd
-reloads it (a rejected file is taken back at once, so sshd never runs with it), judged afterwards on the effective
-configuration (`sshd -T`, in the audit) rather than on the file."""
+"""sshd hardening: a drop-in named to sort before cloud-init's 50-cloud-init.conf, checked with `sshd -t` on the whole
+configuration it will be part of before it replaces the old one (a rejected file never takes its place, so sshd never
+runs with it), then sshd reloaded; judged afterwards on the effective configuration (`sshd -T`, in the audit) rather
+than on the file. The harden guard still puts the old file back when the new one locks gpuprov out."""
 
 from __future__ import annotations
 
 import shlex
 
+from gpuprov.core.operations import Change, managed_file
 from gpuprov.harden.policy import HardenPolicy
-from gpuprov.ops.base import Change, unified_diff
 
-DROPIN_DIR = "/etc/ssh/sshd_config.d"
+SSH_DIR = "/etc/ssh"
+DROPIN_DIR = f"{SSH_DIR}/sshd_config.d"
 DROPIN = f"{DROPIN_DIR}/10-gpuprov-hardening.conf"
 CLOUD_INIT_DROPIN = "50-cloud-init.conf"
 # reload whichever sshd runs: the unit (Debian/Ubuntu ssh, RHEL sshd), a socket-activated one (takes the file at its
@@ -24,6 +26,24 @@ RELOAD_SSHD = (
     "else echo 'no running sshd found to reload' >&2; false; fi")
 
 
+def whole_config_check() -> str:
+    """A validate template (`%s`: the staged drop-in) running `sshd -t -f` on a whole configuration: a copy of
+    SSH_DIR/sshd_config whose Include of sshd_config.d reads a copy of that folder with the staged file in the drop-in's
+    place, so sshd judges exactly what it reads after the rename (cloud-init's and every other drop-in included)."""
+    etc, name = SSH_DIR, DROPIN.rsplit("/", 1)[1]
+    # an Include word naming ETC/sshd_config.d/... (or sshd_config.d/..., relative to /etc/ssh) points at the copy
+    rewrite = ('{ if (tolower($1) == "include") for (i = 2; i <= NF; i++) { '
+               'if (index($i, etc) == 1) $i = dir substr($i, length(etc) + 1); '
+               'else if (index($i, "sshd_config.d/") == 1) $i = dir substr($i, 15) } print }')
+    script = ("d=$(mktemp -d) || exit 1; trap 'rm -rf \"$d\"' EXIT; mkdir -p /run/sshd \"$d/conf.d\" || exit 1; "
+              f"for f in {shlex.quote(etc)}/sshd_config.d/*.conf; do "
+              "if [ -f \"$f\" ]; then cp \"$f\" \"$d/conf.d/\" || exit 1; fi; done; "
+              f"cp \"$1\" \"$d/conf.d/{name}\" && "
+              f"awk -v etc={shlex.quote(etc + '/sshd_config.d/')} -v dir=\"$d/conf.d/\" {shlex.quote(rewrite)} "
+              f"{shlex.quote(etc + '/sshd_config')} > \"$d/sshd_config\" && sshd -t -f \"$d/sshd_config\"")
+    return f"sh -c {shlex.quote(script)} sh %s"
+
+
 def render(policy: HardenPolicy) -> str:
     """The drop-in's content."""
     from gpuprov.harden.templates import render_template
@@ -32,25 +52,12 @@ def render(policy: HardenPolicy) -> str:
 
 
 def change(policy: HardenPolicy, facts: dict) -> Change | None:
-    """Write the drop-in, `sshd -t`, then reload; None when the file is already the rendered one."""
-    q = shlex.quote
-    content = render(policy)
+    """Stage the drop-in, `sshd -t` the whole configuration with it, put it in place, reload sshd; None when the file
+    already is the rendered one."""
     current = (facts.get("files") or {}).get(DROPIN)
-    if current == content:
-        return None
-    new, old = f"{DROPIN}.gpuprov-old", DROPIN
-    commands = (
-        f"mkdir -p {q(DROPIN_DIR)} /run/sshd",
-        f"rm -f {q(new)}; if [ -e {q(old)} ]; then cp -p {q(old)} {q(new)}; fi",
-        f"(umask 077 && printf %s {q(content)} > {q(DROPIN)}.gpuprov-tmp) && chmod 0600 {q(DROPIN)}.gpuprov-tmp "
-        f"&& mv -f {q(DROPIN)}.gpuprov-tmp {q(DROPIN)}",
-        # a configuration sshd -t rejects is taken back before anything reloads it
-        f"if ! out=$(sshd -t 2>&1); then echo \"sshd -t rejected the configuration: $out\" >&2; "
-        f"if [ -e {q(new)} ]; then mv -f {q(new)} {q(DROPIN)}; else rm -f {q(DROPIN)}; fi; "
-        "echo 'the previous sshd configuration is back in place; sshd was not reloaded' >&2; exit 1; fi",
-        f"rm -f {q(new)}",
-        RELOAD_SSHD,
-    )
-    what = "update" if current is not None else "create"
-    return Change("ssh", f"{what} {DROPIN} (sorts before {CLOUD_INIT_DROPIN}), check it with sshd -t, reload sshd",
-                  commands, diff=unified_diff(DROPIN, current, content))
+    return managed_file("ssh", DROPIN, current, render(policy), f"sorts before {CLOUD_INIT_DROPIN}", mode="0600",
+                        validate=whole_config_check(), rejected="sshd -t rejected the configuration",
+                        then=(RELOAD_SSHD,),
+                        summary=f"{'update' if current is not None else 'create'} {DROPIN} (sorts before "
+                                f"{CLOUD_INIT_DROPIN}), check it with sshd -t before it replaces the old one, "
+                                "reload sshd")

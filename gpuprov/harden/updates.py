@@ -1,18 +1,18 @@
 """Unattended security upgrades on (Debian and Ubuntu), with every NVIDIA package provisioning holds kept out of them:
-the blacklist is provisioning's own file (gpuprov.ops.pins), written the same way by both tasks."""
+the blacklist is provisioning's own file (gpuprov.provision.ops.pins), written the same way by both tasks."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from gpuprov.ops import pins
-from gpuprov.ops.base import Change, unified_diff, write_file
-from gpuprov.ops.pkg import for_family
+from gpuprov.core.operations import Change, install_change, managed_file
+from gpuprov.core.packages import for_family
+from gpuprov.stack import families
 
 PACKAGE = "unattended-upgrades"
 AUTO_UPGRADES = "/etc/apt/apt.conf.d/21gpuprov-auto-upgrades"   # after Debian's 20auto-upgrades, so it wins
 TIMERS = ("apt-daily.timer", "apt-daily-upgrade.timer")
-FILES = (AUTO_UPGRADES, pins.UNATTENDED)
+FILES = (AUTO_UPGRADES, families.UNATTENDED)
 # the security archive of each distribution, in the form unattended-upgrades matches it
 SECURITY_ORIGINS = {
     "debian": ("Origins-Pattern", "origin=Debian,codename=${distro_codename}-security,label=Debian-Security"),
@@ -24,7 +24,7 @@ def auto_upgrades(os_id: str) -> str:
     """The periodic settings that turn unattended upgrades on, and the security archive they take."""
     key, origin = SECURITY_ORIGINS[os_id]
     return ("// Managed by gpuprov (invoke harden): security upgrades every day, unattended; the NVIDIA stack is\n"
-            f"// kept out of them by {pins.UNATTENDED}.\n"
+            f"// kept out of them by {families.UNATTENDED}.\n"
             'APT::Periodic::Update-Package-Lists "1";\nAPT::Periodic::Unattended-Upgrade "1";\n'
             f'Unattended-Upgrade::{key} {{\n    "{origin}";\n}};\n')
 
@@ -33,24 +33,17 @@ def supported(facts: dict) -> bool:
     return (facts.get("os") or {}).get("id") in SECURITY_ORIGINS
 
 
-def _file(facts: dict, path: str, content: str, what: str) -> Change | None:
-    current = (facts.get("files") or {}).get(path)
-    if current == content:
-        return None
-    verb = "update" if current is not None else "create"
-    return Change("updates", f"{verb} {path} ({what})", (write_file(path, content),),
-                  diff=unified_diff(path, current, content))
-
-
 def changes(facts: dict) -> Iterator[Change]:
     """Install unattended-upgrades, write its settings and provisioning's blacklist, enable the apt timers."""
     if not supported(facts):
         return
-    if PACKAGE not in (facts.get("packages") or {}):
-        pm = for_family("debian")
-        yield Change("updates", f"install {PACKAGE}", (pm.update(), pm.install_names([PACKAGE])))
-    planned = [_file(facts, AUTO_UPGRADES, auto_upgrades(facts["os"]["id"]), "daily unattended security upgrades"),
-               _file(facts, pins.UNATTENDED, pins.unattended(), "NVIDIA packages blacklisted, as provision holds them")]
+    install = install_change("updates", for_family("debian"), [PACKAGE], facts.get("packages") or {})
+    if install is not None:
+        yield install
+    files = facts.get("files") or {}
+    planned = [managed_file("updates", path, files.get(path), content, what) for path, content, what in (
+        (AUTO_UPGRADES, auto_upgrades(facts["os"]["id"]), "daily unattended security upgrades"),
+        (families.UNATTENDED, families.unattended(), "NVIDIA packages blacklisted, as provision holds them"))]
     yield from (change for change in planned if change is not None)
     units = facts.get("units") or {}
     off = [timer for timer in TIMERS if units.get(timer) != "enabled"]

@@ -8,7 +8,7 @@ import contextlib
 import re
 from pathlib import Path
 
-from gpuprov.errors import InputError
+from gpuprov.core.errors import InputError
 from gpuprov.images.labels import Provenance, build_labels
 from gpuprov.images.render import Rendered
 from gpuprov.images.tags import image_tags

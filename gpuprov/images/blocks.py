@@ -21,7 +21,7 @@ import jinja2
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import SandboxedEnvironment
 
-from gpuprov.errors import InputError, literal
+from gpuprov.core.errors import InputError, literal
 from gpuprov.images import PACKAGE
 from gpuprov.images.labels import image_labels
 from gpuprov.images.model import Image

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuprov.errors import GpuprovError, InputError
+from gpuprov.core.errors import GpuprovError, InputError
 from gpuprov.images.labels import CONTEXT_HASH, context_hash
 
 _STEP = re.compile(r"Step (\d+)/(\d+) : (.*)")

@@ -17,7 +17,7 @@ import subprocess
 import tarfile
 from dataclasses import dataclass
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 
 INPUTS = "/tmp/gpuprov"
 ULIMITS = (("memlock", -1, -1), ("stack", 67108864, 67108864))

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote, urlencode
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
 PROXIES = {"httpProxy": ("http_proxy", "HTTP_PROXY"), "httpsProxy": ("https_proxy", "HTTPS_PROXY"),

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpuprov.errors import literal
+from gpuprov.core.errors import literal
 from gpuprov.images.model import PURPOSES, Healthcheck, User
 from gpuprov.inventory.checks import MAX_SECONDS, NotRegular, duration_problem, private_key_problem, read_regular
 from gpuprov.inventory.diagnostics import show, suggest, type_name

@@ -15,7 +15,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuprov.errors import GpuprovError, literal
+from gpuprov.core.errors import GpuprovError, literal
 
 FAILING = ("error", "warning")
 TIMEOUT = 120

@@ -3,7 +3,7 @@
 Credentials never travel on a command line and are never printed: GPUPROV_REGISTRY_USER and
 GPUPROV_REGISTRY_PASSWORD, when set, go to the engine in the SDK's X-Registry-Auth header; otherwise the SDK uses
 what `docker login` stored (~/.docker/config.json and its credential helpers). The password is registered with
-gpuprov.secrets, so that every message, report and JSON output has it replaced by ***.
+gpuprov.core.secrets, so that every message, report and JSON output has it replaced by ***.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from gpuprov.errors import GpuprovError, InputError
-from gpuprov.secrets import mask, register
+from gpuprov.core.errors import GpuprovError, InputError
+from gpuprov.core.secrets import mask, register
 
 USER_ENV = "GPUPROV_REGISTRY_USER"
 PASSWORD_ENV = "GPUPROV_REGISTRY_PASSWORD"

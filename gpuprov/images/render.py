@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuprov import images as paths
-from gpuprov.errors import GpuprovError, InputError, literal
+from gpuprov.core.errors import GpuprovError, InputError, literal
+from gpuprov.core.json_text import dump_json
 from gpuprov.images.blocks import ContextFiles, render_dockerfile
 from gpuprov.images.labels import context_hash, image_labels
 from gpuprov.images.model import Image
 from gpuprov.inventory.checks import output_file_problem
-from gpuprov.json_text import dump_json
 
 SMOKE_SOURCE = paths.PACKAGE.parent / "smoke"
 ENTRY_SCRIPT = "files/gpuprov-smoke"

@@ -13,7 +13,8 @@ the host's stack uses CUDA forward compatibility (its lock's `forward_compat`, e
 `--gpus all` is given where the host's facts show GPUs; the RDMA devices (/dev/infiniband: uverbs, rdma_cm) and
 IPC_LOCK (to register, pin, the memory RDMA reads and writes) where the host has them, so that NCCL in the container
 can use InfiniBand or RoCE (the image brings the RDMA libraries: rdma-core's libibverbs and its providers).
-Inventory variables read here (free-form variables, checked here, naming the host and where the value came from):
+Inventory variables read here (declared by gpuprov.images.variables and checked when the inventory is loaded, so
+`run_vars` only reads them):
 
     data_dir: /data               mounted at the same path (validate's data folder too)
     images:
@@ -32,21 +33,18 @@ import shlex
 import time
 from dataclasses import dataclass
 
-from gpuprov.errors import GpuprovError, InputError
+from gpuprov.core.errors import GpuprovError, InputError
 from gpuprov.images.labels import MIN_DRIVER
 
-IMAGES_KEYS = ("registry", "output_dir", "shm_size", "memlock")
 STACK_BYTES = 67108864
 RDMA_DEVICES = "/dev/infiniband"
 RDMA_FLAGS = [f"--device={RDMA_DEVICES}", "--cap-add=IPC_LOCK"]
-_PATH = re.compile(r"/[A-Za-z0-9_.+@/-]*")
-_SHM = re.compile(r"[1-9][0-9]*[bkmg]?")
 _CONTAINER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 @dataclass(frozen=True)
 class RunVars:
-    """A host's images.run settings from its inventory variables, checked."""
+    """A host's images.run settings: its inventory variables (checked at load) with their defaults."""
 
     registry: str | None = None
     data_dir: str | None = None
@@ -55,47 +53,16 @@ class RunVars:
     memlock: int | None = -1        # None: the engine's own limit (no --ulimit memlock)
 
 
-def _bad(host, key: str, message: str) -> InputError:
-    source = host.sources.get(key.split(".")[0], "inventory")
-    return InputError(f"variable {key} ({source}): {message}", host=host.name, step="images.run",
-                      hint=f"fix the variable in the inventory (invoke inventory.show --host {host.name} shows "
-                           "where it comes from)")
-
-
-def _path(host, key: str, value) -> str:
-    if not isinstance(value, str) or not _PATH.fullmatch(value) or "/../" in f"{value}/" or value == "/":
-        raise _bad(host, key, f"must be an absolute path other than / (letters, digits, _ . + @ / -), not {value!r}")
-    return value.rstrip("/")
-
-
 def run_vars(host) -> RunVars:
-    """The host's `data_dir` and `images` variables, checked (InputError naming host and key)."""
-    raw = host.vars.get("images") or {}
-    if not isinstance(raw, dict):
-        raise _bad(host, "images", f"must be a mapping with keys {', '.join(IMAGES_KEYS)}")
-    unknown = sorted(map(str, set(raw) - set(IMAGES_KEYS)))
-    if unknown:
-        raise _bad(host, "images", f"unknown key(s) {', '.join(unknown)}; known: {', '.join(IMAGES_KEYS)}")
-    from gpuprov.images.tags import REGISTRY
-    from gpuprov.inventory.checks import registry_port_problem
+    """The host's `data_dir` and `images` variables (checked when the inventory was loaded:
+    gpuprov.images.variables) with their defaults."""
+    values = host.vars.get("images") or {}
+    return RunVars(registry=values.get("registry"), data_dir=host.vars.get("data_dir"),
+                   output_dir=values.get("output_dir"), shm_size=values.get("shm_size"),
+                   memlock=values.get("memlock", -1))
 
-    registry = raw.get("registry")
-    if registry is not None and (not isinstance(registry, str) or not REGISTRY.fullmatch(registry)
-                                 or registry_port_problem(registry)):
-        raise _bad(host, "images.registry", f"must be a registry address like host:5000, not {registry!r}")
-    shm = raw.get("shm_size")
-    if shm is not None and (not isinstance(shm, str) or not _SHM.fullmatch(shm)):
-        raise _bad(host, "images.shm_size", f"must be a size like 64g (digits, then b, k, m or g), not {shm!r}")
-    memlock = raw.get("memlock", -1)
-    if memlock is not None and (isinstance(memlock, bool) or not isinstance(memlock, int)
-                                or not (memlock == -1 or memlock > 0)):
-        raise _bad(host, "images.memlock", f"must be a number of bytes, -1 for unlimited, or null for the engine's "
-                                           f"own limit, not {memlock!r}")
-    data = host.vars.get("data_dir")
-    output = raw.get("output_dir")
-    return RunVars(registry=registry, data_dir=None if data is None else _path(host, "data_dir", data),
-                   output_dir=None if output is None else _path(host, "images.output_dir", output), shm_size=shm,
-                   memlock=memlock)
+
+FACTS = ("loaded_driver_version", "nvidia_smi")   # what the driver check and `--gpus all` read
 
 
 def has_gpus(facts: dict) -> bool:
@@ -184,11 +151,10 @@ def run_image(conn, image: str, *, min_driver: str | None, forward_compat: bool,
               container: str, detach: bool, command: list[str], say=lambda what: None) -> Started:
     """On one connected host: facts, the driver check, then pull and run (GpuprovError when either fails)."""
     from gpuprov.facts.gather import gather
-    from gpuprov.ops import MANAGED_FILES
 
     name = conn.host.name
     say("facts")
-    facts = gather(conn, MANAGED_FILES)
+    facts = gather(conn, facts=FACTS)
     note = check_driver(name, image, facts, min_driver, forward_compat)
     say(f"pull {image}")
     pull = conn.run(shell_line(["docker", "pull", image]), sudo=True, timeout=1800)

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuprov import images as paths
-from gpuprov.errors import InputError, literal
+from gpuprov.core.errors import InputError, literal
 from gpuprov.images import fields
 from gpuprov.images.matrix import Entry, expand
 from gpuprov.images.model import BASE_KINDS, Base, Image

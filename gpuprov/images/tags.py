@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import re
 
-from gpuprov.errors import InputError
+from gpuprov.core.errors import InputError
 from gpuprov.images.model import Image
+from gpuprov.inventory.checks import REGISTRY_ADDRESS
 
-REGISTRY = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{1,5})?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*")
 TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 SHORT = 12
 
@@ -18,7 +18,7 @@ def check_registry(registry: str | None) -> str | None:
     if registry is None:
         return None
     text = str(registry).strip().rstrip("/")
-    if not REGISTRY.fullmatch(text):
+    if not REGISTRY_ADDRESS.fullmatch(text):
         raise InputError(f"--registry must be a registry host with an optional port and path, such as "
                          f"127.0.0.1:5000 or registry.example.com/team, not {registry!r}", step="images")
     from gpuprov.inventory.checks import registry_port_problem

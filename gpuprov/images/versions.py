@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from gpuprov.errors import InputError
+from gpuprov.core.errors import InputError
 from gpuprov.images.model import Versions
 from gpuprov.stack.data import OS_KEYS, cuda_of_wheel, cuda_updates, minor_of, table
 from gpuprov.stack.inputs import PinError, stack_pin

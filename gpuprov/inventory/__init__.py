@@ -8,9 +8,12 @@ The modules, one job each:
     ansible      Ansible's YAML form (all: / children: / hosts: / vars:); patterns: its host ranges
     ini          Ansible's INI form, turned into the YAML form's document
     settings     connection settings (address, port, user, identity_file, jump, sudo) and local paths
-    checks       one checker per kind of value (address, CIDR, port, number, duration, URL, path, input file)
-    schema       the validated variables (hardware, stack, mirror, firewall, container_engine)
-    hardening    the hardening variables (cluster_cidrs, monitoring_cidrs, service_ports, ssh_hardening)
+    checks       one checker per kind of value (address, CIDR, port, integer, number, percent, duration, URL,
+                 host path, registry address, local path, input file)
+    variables    the registry of variables: each capability declares what it reads (Spec, in its own
+                 `variables` module: provision, harden, monitoring, validation, images)
+    schema       each declared variable checked where it is written, by its kind; undeclared ones are data
+    hardening    what the hardening variables must agree on once merged (a service open to a network variable)
     merge        group cycles, precedence, each host's merged settings and variables, jump checks
 
 The file is read only when it is a regular file (checked on the opened file: a pipe or /dev/zero is refused, not
@@ -33,7 +36,7 @@ import gc
 from collections.abc import Iterator
 from pathlib import Path
 
-from gpuprov.errors import InputError, literal
+from gpuprov.core.errors import InputError, literal
 from gpuprov.inventory.ansible import read_ansible
 from gpuprov.inventory.checks import NotRegular, read_regular
 from gpuprov.inventory.diagnostics import FILE_KEY, InventoryError, problem_line, type_name

@@ -1,7 +1,7 @@
 """One checker per kind of value gpuprov takes from an operator (inventory, specs, settings, flags): address,
-CIDR, port (and a registry's), number and percent, duration, URL, path, output file, the input file itself and
-what a public file must not hold (a private key). Every other module asks these, so a kind of value is accepted
-(or refused) the same way wherever it is written.
+CIDR, port (and a registry address's), integer and count, number and percent, duration, URL, path on a host,
+local path, output file, the input file itself and what a public file must not hold (a private key). Every
+other module asks these, so a kind of value is accepted (or refused) the same way wherever it is written.
 
 A `*_problem` checker returns None for a good value and, for a bad one, what is wrong with it in words;
 `ip_address` and `network` return the parsed value, or None. The caller names the place (`FILE:LINE:COL: key:`,
@@ -29,6 +29,13 @@ MAX_SECONDS = 366 * 24 * 3600
 WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/shm", "/var/lock", "/run/lock")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _URL_FORBIDDEN = re.compile(r"[\s\"'`\\<>]")
+_HOST_PATH = re.compile(r"/[A-Za-z0-9_.+@/-]*")
+
+# A registry address images are pulled from: `host[:port][/path]`, no scheme (images.tags builds references on it).
+REGISTRY_ADDRESS = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{1,5})?"
+                              r"(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*")
+# A Release `Label:` apt can pin by (`Pin: release l=LABEL`): letters, digits, spaces and ._+:~/- only.
+RELEASE_LABEL = re.compile(r"[\w][\w .+:~/-]*")
 
 
 # ---------------------------------------------------------------------------------------------- addresses
@@ -66,6 +73,13 @@ def network(item: Any) -> tuple[str | None, str]:
         return None, ""
 
 
+def registry_problem(value: Any) -> str | None:
+    """Why `value` is not a registry address images are pulled from (`host[:port][/path]`, no scheme)."""
+    if isinstance(value, str) and REGISTRY_ADDRESS.fullmatch(value) and not registry_port_problem(value):
+        return None
+    return f"must be a registry address like host:5000, not {value!r}"
+
+
 def registry_port_problem(registry: str) -> str | None:
     """Why the port of a registry address (`host:5000/path`, `[v6]:5000`) is refused: out of 1 to 65535."""
     host = registry.split("/", 1)[0]
@@ -77,11 +91,19 @@ def registry_port_problem(registry: str) -> str | None:
 
 # ------------------------------------------------------------------------------------------------ numbers
 
-def port_problem(value: Any) -> str | None:
-    """Why `value` is not a TCP/UDP port (an integer from 1 to 65535)."""
-    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535:
+def port_problem(value: Any, low: int = 1) -> str | None:
+    """Why `value` is not a TCP/UDP port (an integer from `low`, 1 unless unprivileged, to 65535)."""
+    if isinstance(value, int) and not isinstance(value, bool) and low <= value <= 65535:
         return None
-    return f"bad port {value!r}: give an integer from 1 to 65535"
+    return f"bad port {value!r}: give an integer from {low} to 65535"
+
+
+def integer_problem(value: Any, low: int, high: int | None = None) -> str | None:
+    """Why `value` is not a whole number from `low` (to `high`); a count is integer_problem(value, 1)."""
+    if isinstance(value, int) and not isinstance(value, bool) and low <= value and (high is None or value <= high):
+        return None
+    wanted = f">= {low}" if high is None else f"from {low} to {high}"
+    return f"expected an integer {wanted}, not {value!r}"
 
 
 def number_problem(value: Any, low: float | None = None, high: float | None = None, *,
@@ -97,12 +119,22 @@ def number_problem(value: Any, low: float | None = None, high: float | None = No
         return None
     bounds = []
     if low is not None:
-        bounds.append(f"{'above' if above else 'at least'} {low:g}")
+        bounds.append(f"{'above' if above else 'at least'} {_figure(low)}")
     if high is not None:
-        bounds.append(f"at most {high:g}")
+        bounds.append(f"at most {_figure(high)}")
     infinite = isinstance(value, float) and not math.isfinite(value)
     return (f"must be a number{' ' + ' and '.join(bounds) if bounds else ''}, not {value!r}"
             + (" (NaN and infinity are not numbers here)" if infinite else ""))
+
+
+def _figure(bound: float) -> str:
+    """A bound as written: whole numbers in full (31622400, not 3.16224e+07)."""
+    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
+
+
+def percent_problem(value: Any) -> str | None:
+    """Why `value` is not a percent: a finite number above 0 and at most 100."""
+    return number_problem(value, 0, 100)
 
 
 def duration_problem(value: Any, low: float = 1, high: float = MAX_SECONDS) -> str | None:
@@ -129,7 +161,17 @@ def url_problem(value: Any) -> str | None:
     return f"bad URL {value!r}: give an http:// or https:// URL with a host name"
 
 
-# ---------------------------------------------------------------------------------------------- local paths
+# ------------------------------------------------------------------------------------------------- paths
+
+def host_path_problem(value: Any, root: bool = True) -> str | None:
+    """Why `value` is not an absolute path on a host gpuprov may put in a command or a mount: plain characters
+    only (letters, digits, _ . + @ / -), no `..` part, and (unless `root`) not / itself."""
+    if (isinstance(value, str) and _HOST_PATH.fullmatch(value) and "/../" not in f"{value}/"
+            and (root or value.strip("/"))):
+        return None
+    other = "" if root else " other than /"
+    return f"must be an absolute path{other} (letters, digits, _ . + @ / -), not {value!r}"
+
 
 def path_text_problem(value: Any) -> str | None:
     """Why `value` cannot name a local path: not text, empty, or with a control character (a newline would

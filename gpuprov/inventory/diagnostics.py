@@ -1,8 +1,8 @@
 """How a problem in an inventory is told: `FILE:LINE:COL: key path: message` on one line.
 
 Every line is printed literally: control characters in user text (a newline in a host name) are escaped by
-gpuprov.errors.literal, so no input can forge an extra line, and credentials (a proxy or mirror login) are
-masked by gpuprov.errors.mask_credentials. All problems of one file are raised together as one InventoryError.
+gpuprov.core.errors.literal, so no input can forge an extra line, and credentials (a proxy or mirror login) are
+masked by gpuprov.core.errors.mask_credentials. All problems of one file are raised together as one InventoryError.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from gpuprov.errors import InputError, literal, mask_credentials
+from gpuprov.core.errors import InputError, literal, mask_credentials
 
 FILE_KEY = "(file)"  # the key path of a problem with the file as a whole (not UTF-8, not YAML)
 _SHOWN = 60  # characters of a value quoted back in a message

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuprov.errors import InputError
+from gpuprov.core.errors import InputError
 from gpuprov.inventory.checks import ip_address
 from gpuprov.inventory.diagnostics import suggest
 

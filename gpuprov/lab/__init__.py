@@ -76,7 +76,7 @@ def up(hosts: int = 3, profiles: list[str] | None = None, *, paths: LabPaths | N
 def _client():
     import docker
 
-    from gpuprov.errors import GpuprovError
+    from gpuprov.core.errors import GpuprovError
 
     try:
         client = docker.from_env()

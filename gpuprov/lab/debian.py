@@ -32,8 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuprov.digest import file_sha256
-from gpuprov.errors import GpuprovError, InputError
+from gpuprov.core.digest import file_sha256
+from gpuprov.core.errors import GpuprovError, InputError
 from gpuprov.lab.state import LabPaths
 
 

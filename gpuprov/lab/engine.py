@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 from gpuprov.lab.labels import LABEL
 
 DOCKERD_LOG = Path("/var/log/gpuprov-lab-dockerd.log")

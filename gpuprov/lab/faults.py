@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuprov.errors import GpuprovError, InputError
+from gpuprov.core.errors import GpuprovError, InputError
 from gpuprov.lab.engine import container_of
 
 FAULTS_FILE = "/etc/gpuprov-lab/faults"

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from gpuprov.errors import GpuprovError, InputError
+from gpuprov.core.errors import GpuprovError, InputError
 from gpuprov.lab.debian import DEFAULT_RELEASE
 from gpuprov.lab.keys import ensure_keypair, render_known_hosts
 from gpuprov.lab.labels import (

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 from gpuprov.lab.labels import BASE_REPO, HOST_REPO, IMAGE_LABEL, IMAGE_LABELS, REGISTRY_REPO
 
 FILES = Path(__file__).with_name("files")

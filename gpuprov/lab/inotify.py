@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 
 PROC = Path("/proc/sys/fs/inotify")
 INSTANCES_PER_HOST = 64

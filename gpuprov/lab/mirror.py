@@ -13,7 +13,7 @@ be installed"): provisioning writes its apt pins before it installs the driver. 
 release of each such profile's CUDA toolkit (`standins.newer_cuda_release`: `13.2.1-1` and `13.2.99-1` of
 cuda-toolkit-13-2 and of every part of it), whose parts the older toolkit's minimum-version Depends admit: apt
 alone installs the locked toolkit with the newer release's parts, and `apt-get dist-upgrade` moves them unless
-they are held (gpuprov.ops.cuda, gpuprov.ops.pins).
+they are held (gpuprov.provision.ops.cuda, gpuprov.provision.ops.pins).
 
     ensure_mirror(lab_or_network) -> MirrorInfo    build the repository if needed, (re)start its container
     running_mirror(client, paths) -> MirrorInfo    the mirror as it serves now (None if it does not)
@@ -37,15 +37,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 from gpuprov.lab.debian import DEBIAN_PACKAGES, DebianDeb, DebianDebs
 from gpuprov.lab.engine import find_lab_container
 from gpuprov.lab.labels import BASE_REPO, HOST_REPO, LABEL, LABELS, NETWORK, ROLE_LABEL
 from gpuprov.lab.removal import GONE_STATES, remove_container
+from gpuprov.lab.smi_answers import gpu_profiles_table
 from gpuprov.lab.standins import (
     PackageSpec,
     build_debs,
-    gpu_profiles_table,
     inputs_digest,
     lab_stacks,
     point_release_packages,

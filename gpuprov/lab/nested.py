@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 from gpuprov.lab.engine import container_of
 
 PYTHON_IMAGE = "gpuprov-lab/python"

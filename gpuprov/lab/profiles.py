@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from gpuprov.errors import InputError
+from gpuprov.core.errors import InputError
 from gpuprov.lab.debian import DEFAULT_RELEASE, check_release
 
 PROFILES_FILE = Path(__file__).with_name("profiles.yaml")

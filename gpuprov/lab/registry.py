@@ -25,7 +25,7 @@ import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 from gpuprov.lab.engine import find_lab_container
 from gpuprov.lab.labels import IMAGE_LABELS, LABELS, NETWORK, REGISTRY_REPO, ROLE_LABEL
 from gpuprov.lab.removal import GONE_STATES, remove_container

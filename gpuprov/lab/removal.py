@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 
 REMOVE_TIMEOUT_S = 180
 # endpoints go with their containers, which are waited for first: a network still in use after this is in use

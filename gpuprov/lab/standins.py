@@ -1,12 +1,12 @@
 """Stand-in packages for the lab mirror: NVIDIA's real package names and versions (from the resolver), built
 with `dpkg-deb`, installing simulated tools (nvidia-smi, nvidia-ctk, ...) and marker files.
 
-Everything simulated lives here and in `files/standins/`; the provisioning path never sees it.
+Everything simulated lives here, in `smi_answers` (what the simulated nvidia-smi reports) and in
+`files/standins/`; the provisioning path never sees it.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
@@ -18,9 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 
 FILES = Path(__file__).with_name("files") / "standins"
 CAPTURES = Path(__file__).with_name("files") / "captures"
@@ -394,64 +392,6 @@ def kernel_headers_spec(kernel: str) -> PackageSpec:
 
 # ------------------------------------------------------------------------------------------ simulated data
 
-@functools.cache
-def _smi_data() -> dict:
-    return yaml.safe_load((FILES / "smi.yaml").read_text(encoding="utf-8"))
-
-
-def read_capture(name: str) -> tuple[dict[str, str], dict[str, str]]:
-    """An allfields `--query-gpu` capture (files/captures/NAME: header row and one data row, as nvidia-smi printed
-    them): (value by field name, unit by field name for the fields whose header shows one, "memory.total [MiB]")."""
-    header, row = (CAPTURES / name).read_text(encoding="utf-8").splitlines()[:2]
-    names, values = header.split(", "), row.split(", ")
-    if len(names) != len(values):
-        raise GpuprovError(f"capture {name}: {len(names)} fields but {len(values)} values", step="lab mirror",
-                           hint="the capture must be one header row and one data row")
-    fields, units = {}, {}
-    for title, value in zip(names, values, strict=True):
-        field, _, unit = title.partition(" [")
-        fields[field] = value
-        if unit:
-            units[field] = unit.rstrip("]")
-    return fields, units
-
-
-def capture_names() -> list[str]:
-    return sorted(p.name for p in CAPTURES.glob("*.csv"))
-
-
-def model_fields(model) -> tuple[dict[str, str], dict[str, str]]:
-    """What a GPU of catalog `model` answers to --query-gpu before the per-GPU values are filled in: its capture
-    (smi.yaml `models`, else the capture of its form factor), every field another capture has as that capture
-    prints it, then the model's `set` values; the catalog's name, compute capability and memory for a model without
-    a capture of its own. Returns (fields, units)."""
-    smi = _smi_data()
-    spec = smi["models"].get(model.key) or {}
-    own = spec.get("capture")
-    fields, units = read_capture(own or smi["by_form_factor"][model.form_factor])
-    for other in capture_names():
-        more, more_units = read_capture(other)
-        for key, value in more.items():
-            fields.setdefault(key, value)
-        for key, unit in more_units.items():
-            units.setdefault(key, unit)
-    sets = {str(k): str(v) for k, v in (spec.get("set") or {}).items()}
-    if not own:
-        fields.update({"name": model.names[0], "compute_cap": model.compute_capability,
-                       "memory.total": f"{model.memory_gib * 1024} MiB"})
-    fields.update(sets)
-    if not own and "memory.free" not in sets:
-        fields["memory.free"] = f"{_mib(fields['memory.total']) - _mib(fields['memory.reserved'])} MiB"
-    unknown = set(sets) - set(units) - set(fields)
-    if unknown:
-        raise GpuprovError(f"smi.yaml sets unknown fields for {model.key}: {sorted(unknown)}", step="lab mirror")
-    return fields, units
-
-
-def _mib(value: str) -> int:
-    return int(value.split()[0])
-
-
 def driver_cuda_version(driver_version: str) -> str:
     """The highest CUDA release a driver runs natively (nvidia-smi's `CUDA Version`), from cuda.yaml."""
     from gpuprov.stack.data import at_least, table, vkey
@@ -459,44 +399,6 @@ def driver_cuda_version(driver_version: str) -> str:
     fits = [minor for minor, row in table("cuda")["releases"].items()
             if at_least(driver_version, min(row["updates"].values(), key=vkey))]
     return max(fits, key=vkey) if fits else "N/A"
-
-
-def gpu_profiles_table(profiles=None) -> dict[str, list[dict]]:
-    """What the simulated nvidia-smi reports per lab profile: one row per GPU (catalog names and sizes, and every
-    --query-gpu field's value from the real captures, see `model_fields`)."""
-    from gpuprov import catalog
-    from gpuprov.lab.profiles import load_profiles
-
-    smi = _smi_data()
-    out = {}
-    for name, profile in sorted((profiles if profiles is not None else load_profiles()).items()):
-        rows = []
-        for index, device in enumerate(profile.gpu_devices()):
-            model = catalog.by_pci_id(device["device"]) or catalog.lookup(profile.hardware["gpu"])
-            mig = model.compute_capability in smi["mig_compute_capabilities"]
-            ecc = True if model.datacenter else None
-            base, units = model_fields(model)
-            fields = dict(base)
-            domain, bus, rest = device["slot"].split(":")
-            fields.update({"pci.bus_id": "0000" + device["slot"].upper(), "pci.domain": f"0x{domain.upper()}",
-                           "pci.bus": f"0x{bus.upper()}", "pci.device": f"0x{rest.split('.')[0].upper()}",
-                           "pci.device_id": f"0x{device['device'].upper()}10DE",
-                           "mig.mode.current": ("Enabled" if profile.mig else "Disabled") if mig else "[N/A]",
-                           "mig.mode.pending": ("Enabled" if profile.mig else "Disabled") if mig else "[N/A]"})
-            if ecc is None:  # no ECC reporting: every ECC field is [N/A], as nvidia-smi prints unsupported ones
-                fields.update({k: "[N/A]" for k in fields if k.startswith("ecc.")})
-            if model.form_factor == "sxm":
-                fields["platform.module_id"] = str(index + 1)
-            rows.append({
-                "bus_id": fields["pci.bus_id"], "device_id": device["device"], "model": model.key,
-                "name": fields["name"], "brand": "NVIDIA" if model.datacenter else "GeForce",
-                "architecture": smi["architectures"].get(model.arch, model.arch.title()),
-                "compute_capability": model.compute_capability, "memory_mib": _mib(fields["memory.total"]),
-                "ecc": ecc, "nvswitch": bool(profile.hardware["nvswitch"]),
-                "nvlink": (smi["models"].get(model.key) or {}).get("nvlink"), "fields": fields, "units": units,
-                "mig_devices": [dict(smi["mig"][model.key]["profiles"][p], profile=p) for p in profile.mig]})
-        out[name] = rows
-    return out
 
 
 # --------------------------------------------------------------------------------------------- contents
@@ -534,6 +436,16 @@ def package_contents(spec: PackageSpec, gpu_table: dict, arch: str = "amd64") ->
     out = Contents()
     out.add(f"usr/share/doc/{spec.name}/gpuprov-lab-standin", _marker(spec))
     triplet = TRIPLETS.get(arch, f"{arch}-linux-gnu")
+    if spec.role.startswith("driver"):
+        _driver_contents(out, spec, triplet, gpu_table)
+    elif spec.role in _CONTENTS:
+        _CONTENTS[spec.role](out, spec, triplet)
+    # any other component of a stack: the marker only (its packages still install at their exact versions)
+    return out
+
+
+def _driver_contents(out: Contents, spec: PackageSpec, triplet: str, gpu_table: dict) -> None:
+    """The driver's parts: the libraries, nvidia-smi with `gpu_table`, the kernel module and its unit."""
     role, v = spec.role, spec.upstream
     if role in ("driver", "driver_core", "driver_kernel_common", "driver_gl", "driver_xserver"):
         pass  # metapackages and parts the simulation needs nothing from: the marker only
@@ -562,12 +474,12 @@ def package_contents(spec: PackageSpec, gpu_table: dict, arch: str = "amd64") ->
         out.add(f"lib/firmware/nvidia/{v}/gsp_ga10x.bin", _marker(spec))
     elif role == "driver_pinning":
         out.add(f"usr/share/gpuprov-lab/driver-pinning-{v.split('.')[0]}", _marker(spec))
-    elif role == "fabricmanager":
-        out.add("usr/bin/nv-fabricmanager", _template("nv-fabricmanager", v), 0o755)
-        out.add("usr/share/nvidia/nvswitch/fabricmanager.cfg", "# " + _marker(spec))
-        out.add(f"{UNITS}/nvidia-fabricmanager.service", _template("nvidia-fabricmanager.service"))
-        out.scripts["postinst"] = out.scripts["postrm"] = _reload_script()
-    elif role == "cuda_part":
+
+
+def _cuda_contents(out: Contents, spec: PackageSpec, triplet: str) -> None:
+    """The CUDA toolkit: its parts (nvcc answers --version), its version.json and alternative, cuda-compat."""
+    v = spec.upstream
+    if spec.role == "cuda_part":
         minor = ".".join(v.split(".")[:2])
         home = f"usr/local/cuda-{minor}"
         if spec.name.startswith("cuda-nvcc-"):
@@ -576,7 +488,7 @@ def package_contents(spec: PackageSpec, gpu_table: dict, arch: str = "amd64") ->
                     f"'Cuda compilation tools, release {minor}, V{v}'\n", 0o755)
         else:
             out.add(f"{home}/gpuprov-lab/{spec.name}", _marker(spec))
-    elif role == "cuda":
+    elif spec.role == "cuda":
         minor = ".".join(v.split(".")[:2])
         home = f"usr/local/cuda-{minor}"
         out.add(f"{home}/version.json", json.dumps({"cuda": {"name": "CUDA SDK", "version": v}}, indent=3) + "\n")
@@ -585,59 +497,79 @@ def package_contents(spec: PackageSpec, gpu_table: dict, arch: str = "amd64") ->
                                    f"  update-alternatives --install /usr/local/cuda cuda /{home} {priority}\nfi\n")
         out.scripts["prerm"] = ("#!/bin/sh\nset -e\nif [ \"$1\" = remove ]; then\n"
                                 f"  update-alternatives --remove cuda /{home} || true\nfi\n")
-    elif role == "cuda_compat":
+    else:   # cuda_compat
         minor = spec.name.removeprefix("cuda-compat-").replace("-", ".")
         compat = f"usr/local/cuda-{minor}/compat"
         out.add(f"{compat}/libcuda.so.{v}", _marker(spec))
         out.links[f"{compat}/libcuda.so.1"] = f"libcuda.so.{v}"
-    elif role == "nccl":
-        major, minor, patch = (v.split(".") + ["0", "0"])[:3]
-        if spec.name.endswith("-dev") or spec.name.endswith("-devel"):
-            out.add("usr/include/nccl.h", f"/* {_marker(spec).strip()} */\n#define NCCL_MAJOR {major}\n"
-                    f"#define NCCL_MINOR {minor}\n#define NCCL_PATCH {patch}\n"
-                    f"#define NCCL_VERSION_CODE {int(major) * 10000 + int(minor) * 100 + int(patch)}\n")
-            out.links[f"usr/lib/{triplet}/libnccl.so"] = "libnccl.so.2"
-        else:
-            out.add(f"usr/lib/{triplet}/libnccl.so.{v}", _marker(spec))
-            out.links[f"usr/lib/{triplet}/libnccl.so.2"] = f"libnccl.so.{v}"
-    elif role == "container_toolkit":
-        _toolkit_contents(out, spec, triplet)
-    elif role == "dcgm":
-        if spec.name.endswith("-core"):
-            out.add("usr/bin/dcgmi", _template("dcgmi", v), 0o755)
-            out.add("usr/bin/nv-hostengine", _template("nv-hostengine", v), 0o755)
-            out.add(f"{UNITS}/nvidia-dcgm.service", _template("nvidia-dcgm.service"))
-            out.scripts["postinst"] = out.scripts["postrm"] = _reload_script()
-        else:
-            out.add(f"usr/lib/{triplet}/datacenter-gpu-manager-4/{spec.name}", _marker(spec))
-    elif role == "dcgm_exporter":
+
+
+def _nccl_contents(out: Contents, spec: PackageSpec, triplet: str) -> None:
+    """NCCL: the library, or for the -dev/-devel package nccl.h with the version macros."""
+    v = spec.upstream
+    major, minor, patch = (v.split(".") + ["0", "0"])[:3]
+    if spec.name.endswith("-dev") or spec.name.endswith("-devel"):
+        out.add("usr/include/nccl.h", f"/* {_marker(spec).strip()} */\n#define NCCL_MAJOR {major}\n"
+                f"#define NCCL_MINOR {minor}\n#define NCCL_PATCH {patch}\n"
+                f"#define NCCL_VERSION_CODE {int(major) * 10000 + int(minor) * 100 + int(patch)}\n")
+        out.links[f"usr/lib/{triplet}/libnccl.so"] = "libnccl.so.2"
+    else:
+        out.add(f"usr/lib/{triplet}/libnccl.so.{v}", _marker(spec))
+        out.links[f"usr/lib/{triplet}/libnccl.so.2"] = f"libnccl.so.{v}"
+
+
+def _dcgm_contents(out: Contents, spec: PackageSpec, triplet: str) -> None:
+    """DCGM (dcgmi, nv-hostengine and their unit in the -core package) and dcgm-exporter."""
+    v = spec.upstream
+    if spec.role == "dcgm_exporter":
         # NVIDIA's layout (dcgm-exporter package-build): /usr/bin/dcgm-exporter, /etc/dcgm-exporter/, the unit
         out.add(f"{LIB}/{EXPORTER_STANDIN}", _template(EXPORTER_STANDIN, dcgm_exporter_tag(v)), 0o755)
         out.links["usr/bin/dcgm-exporter"] = f"/{LIB}/{EXPORTER_STANDIN}"
         out.add("etc/dcgm-exporter/default-counters.csv", _template(EXPORTER_DEFAULT_COUNTERS))
         out.add(f"{UNITS}/nvidia-dcgm-exporter.service", _template("nvidia-dcgm-exporter.service"))
         out.scripts["postinst"] = out.scripts["postrm"] = _reload_script()
-    elif role == "kernel_headers":
-        out.add(f"usr/src/linux-headers-{v}/Makefile", "# " + _marker(spec).replace(NOT_NVIDIA, "gpuprov lab "
-                "stand-in, not Debian's kernel headers"))
-        out.links[f"lib/modules/{v}/build"] = f"/usr/src/linux-headers-{v}"
-    elif role == "dkms":
-        out.add("usr/share/doc/dkms/gpuprov-lab", "# gpuprov lab stand-in, not Debian's dkms\n")
-    elif role == "nscq":
+    elif spec.name.endswith("-core"):
+        out.add("usr/bin/dcgmi", _template("dcgmi", v), 0o755)
+        out.add("usr/bin/nv-hostengine", _template("nv-hostengine", v), 0o755)
+        out.add(f"{UNITS}/nvidia-dcgm.service", _template("nvidia-dcgm.service"))
+        out.scripts["postinst"] = out.scripts["postrm"] = _reload_script()
+    else:
+        out.add(f"usr/lib/{triplet}/datacenter-gpu-manager-4/{spec.name}", _marker(spec))
+
+
+def _fabric_contents(out: Contents, spec: PackageSpec, triplet: str) -> None:
+    """The NVSwitch fabric: fabric manager, libnvidia-nscq and the NVLink Subnet Manager."""
+    v = spec.upstream
+    if spec.role == "fabricmanager":
+        out.add("usr/bin/nv-fabricmanager", _template("nv-fabricmanager", v), 0o755)
+        out.add("usr/share/nvidia/nvswitch/fabricmanager.cfg", "# " + _marker(spec))
+        out.add(f"{UNITS}/nvidia-fabricmanager.service", _template("nvidia-fabricmanager.service"))
+        out.scripts["postinst"] = out.scripts["postrm"] = _reload_script()
+    elif spec.role == "nscq":
         out.add(f"usr/lib/{triplet}/libnvidia-nscq.so.{v}", _marker(spec))
         out.links[f"usr/lib/{triplet}/libnvidia-nscq.so.2"] = f"libnvidia-nscq.so.{v}"
-    elif role == "nvlsm":
+    else:   # nvlsm
         out.add("usr/bin/nvlsm", "#!/bin/sh\n# " + _marker(spec) +
                 f"[ \"$1\" = --version ] && {{ echo 'nvlsm {v}'; exit 0; }}\nexec sleep infinity\n", 0o755)
         out.add(f"{UNITS}/nvlsm.service", "# gpuprov lab stand-in (not NVIDIA software)\n[Unit]\n"
                 "Description=NVLink Subnet Manager (gpuprov lab stand-in)\n\n[Service]\nExecStart=/usr/bin/nvlsm\n\n"
                 "[Install]\nWantedBy=multi-user.target\n")
         out.scripts["postinst"] = out.scripts["postrm"] = _reload_script()
-    # any other component of a stack: the marker only (its packages still install at their exact versions)
-    return out
+
+
+def _kernel_contents(out: Contents, spec: PackageSpec, triplet: str) -> None:
+    """Debian's kernel headers (the module build directory) and dkms."""
+    v = spec.upstream
+    if spec.role == "kernel_headers":
+        out.add(f"usr/src/linux-headers-{v}/Makefile", "# " + _marker(spec).replace(NOT_NVIDIA, "gpuprov lab "
+                "stand-in, not Debian's kernel headers"))
+        out.links[f"lib/modules/{v}/build"] = f"/usr/src/linux-headers-{v}"
+    else:   # dkms
+        out.add("usr/share/doc/dkms/gpuprov-lab", "# gpuprov lab stand-in, not Debian's dkms\n")
 
 
 def _toolkit_contents(out: Contents, spec: PackageSpec, triplet: str) -> None:
+    """The NVIDIA Container Toolkit: nvidia-ctk, the runtime and its hook, the CLI, libnvidia-container."""
     v = spec.upstream
     if spec.name == "nvidia-container-toolkit-base":
         out.add("usr/bin/nvidia-ctk", _template("nvidia-ctk", v), 0o755)
@@ -652,6 +584,13 @@ def _toolkit_contents(out: Contents, spec: PackageSpec, triplet: str) -> None:
     else:
         out.add(f"usr/lib/{triplet}/libnvidia-container.so.{v}", _marker(spec))
         out.links[f"usr/lib/{triplet}/libnvidia-container.so.1"] = f"libnvidia-container.so.{v}"
+
+
+# every role but the driver's whose stand-in installs more than its marker, and what fills it
+_CONTENTS = {"cuda_part": _cuda_contents, "cuda": _cuda_contents, "cuda_compat": _cuda_contents, "nccl": _nccl_contents,
+             "container_toolkit": _toolkit_contents, "dcgm": _dcgm_contents, "dcgm_exporter": _dcgm_contents,
+             "fabricmanager": _fabric_contents, "nscq": _fabric_contents, "nvlsm": _fabric_contents,
+             "kernel_headers": _kernel_contents, "dkms": _kernel_contents}
 
 
 def control_text(spec: PackageSpec, arch: str, installed_kib: int) -> str:

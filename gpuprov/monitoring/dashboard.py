@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 
 UID = "gpuprov-gpu-fleet"
 TITLE = "gpuprov GPU fleet"

@@ -9,8 +9,8 @@ from importlib import resources
 
 import yaml
 
-from gpuprov.errors import GpuprovError
-from gpuprov.ops.pkg import Package
+from gpuprov.core.errors import GpuprovError
+from gpuprov.core.packages import Package
 
 DCGM_PACKAGE = "datacenter-gpu-manager-4-core"
 

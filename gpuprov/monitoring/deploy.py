@@ -1,36 +1,34 @@
-"""One host's `monitoring.deploy`: provisioning's facts, the exporters' and timers' changes, applied in one batch
-through gpuprov.apply like provision's, then each exporter's /metrics read on the monitoring address."""
+"""Monitoring's host jobs on the fleet runtime (gpuprov.core.runtime): `monitoring.deploy` (DeployJob: the facts,
+the exporters' and timers' changes applied in one batch, then each exporter's /metrics read on the monitoring
+address) and the monitoring host's `monitoring.server` and `monitoring.targets --server` (ServerJob)."""
 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpuprov.errors import GpuprovError
-from gpuprov.monitoring import dcgm_data, exporters, timers
+from gpuprov.core.errors import GpuprovError
+from gpuprov.core.runtime import HostJob, HostRecord, Say, error_line
+from gpuprov.monitoring import dcgm_data, exporters, server, timers
 from gpuprov.monitoring.policy import MonitoringPolicy, build_policy
+from gpuprov.monitoring.variables import VARIABLES
 
 # what each exporter's /metrics must hold to count as serving (a line that starts so)
 SERVES = {"node-exporter": "node_", "dcgm-exporter": "DCGM_FI_"}
 
 
 @dataclass
-class DeployRun:
-    """Everything that happened on one host, for the table and the JSON report."""
+class MonitoringRecord(HostRecord):
+    """A host's monitoring run, beside the common fields: the address its exporters (or Prometheus) listen on, how
+    dcgm-exporter runs there and each exporter's state as read after the run."""
 
-    host: str
-    status: str = "unchanged"      # unchanged | planned | changed | failed
+    plan: list[dict] = field(default_factory=list)   # the planned changes (change_dict each), [] until planned
     address: str = ""
     dcgm_exporter: str = ""        # container | service | none ("" on the Prometheus host's runs)
-    plan: list[dict] = field(default_factory=list)
-    steps: list = field(default_factory=list)
     endpoints: dict[str, str] = field(default_factory=dict)   # exporter -> "serving" or what is wrong
 
-    def to_dict(self) -> dict:
-        return {"host": self.host, "status": self.status, "address": self.address,
-                "dcgm_exporter": self.dcgm_exporter, "plan": self.plan,
-                "steps": [s.to_dict() for s in self.steps], "endpoints": self.endpoints}
+    def details(self) -> dict:
+        return {"address": self.address, "dcgm_exporter": self.dcgm_exporter, "endpoints": self.endpoints}
 
 
 def managed_files(policy: MonitoringPolicy) -> tuple[str, ...]:
@@ -41,7 +39,7 @@ def managed_files(policy: MonitoringPolicy) -> tuple[str, ...]:
 
 
 def context(host, facts: dict):
-    from gpuprov.ops.base import OpContext
+    from gpuprov.core.operations import OpContext
 
     family = (facts.get("os") or {}).get("family")
     if family != "debian":
@@ -113,34 +111,91 @@ def check_endpoints(conn, urls: dict[str, str]) -> dict[str, str]:
             else f"no {SERVES[name]}* metrics at {url}" for name, url in urls.items()}
 
 
-def deploy_host(conn, host, dry_run: bool = False, say: Callable[[str], None] = lambda what: None) -> DeployRun:
-    """The whole job on one connected host. Raises GpuprovError with the run so far attached."""
-    from gpuprov.apply import apply_changes
-    from gpuprov.facts.gather import gather
-    from gpuprov.plan import change_dict
+class MonitoringJob(HostJob):
+    """What monitoring's host jobs share: the record and the table (with each exporter's state)."""
 
-    policy = build_policy(host)
-    run = DeployRun(host.name, address=policy.address)
-    try:
-        say("facts")
+    columns = ("host", "status", "changes", "exporters", "detail")
+
+    def new_record(self, host) -> MonitoringRecord:
+        return MonitoringRecord(host.name, address=host.address)
+
+    def row(self, entry: dict) -> dict:
+        endpoints = entry.get("endpoints") or {}
+        exporters_cell = ", ".join(f"{name} {state}" for name, state in endpoints.items()) or "-"
+        detail = error_line(entry) or (f"dcgm-exporter: {entry['dcgm_exporter']}" if entry.get("dcgm_exporter")
+                                       else "")
+        return {"host": entry["host"], "status": entry.get("status", "failed"),
+                "changes": str(len(entry.get("plan") or [])), "exporters": exporters_cell, "detail": detail}
+
+
+class DeployJob(MonitoringJob):
+    """`invoke monitoring.deploy`: node_exporter and dcgm-exporter on the host's monitoring address (checked to be
+    its own first), the drift and idle-GPU validation timers; then each exporter's /metrics read there. A host
+    whose exporter does not serve is not where the operator asked (exit 1)."""
+
+    kind = "monitoring-deploy"
+    task = "monitoring.deploy"
+    variables = (*dict.fromkeys(spec.name.split(".")[0] for spec in VARIABLES), "hardware", "validate")
+
+    def new_record(self, host) -> MonitoringRecord:
+        return MonitoringRecord(host.name, address=build_policy(host).address)
+
+    def managed_files(self, host) -> tuple[str, ...]:
+        return managed_files(build_policy(host))
+
+    def gather(self, conn, record: HostRecord) -> dict:
+        """The monitoring address checked first (nothing is gathered for a host that could not serve there),
+        then the facts with the managed files and the textfile folder's state."""
+        policy = build_policy(conn.host)
         check_address(conn, policy)
-        files = managed_files(policy)
-        ctx = context(host, {**gather(conn, files), "textfile_dir": textfile_dir_state(conn, policy)})
-        run.dcgm_exporter = exporters.dcgm_mode(ctx, policy)
+        return {**super().gather(conn, record), "textfile_dir": textfile_dir_state(conn, policy)}
+
+    def plan(self, conn, record: MonitoringRecord) -> list:
+        from gpuprov.core.operations import change_dict
+
+        policy = build_policy(conn.host)
+        ctx = context(conn.host, record.facts_before)
+        record.dcgm_exporter = exporters.dcgm_mode(ctx, policy)
         changes = plan_changes(ctx, policy)
-        run.plan = [change_dict(c) for c in changes]
-        if dry_run:
-            run.status = "planned" if changes else "unchanged"
-            return run
-        if changes:
-            say(f"apply {len(changes)} changes")
-            run.steps, _ = apply_changes(conn, changes, managed_files=files, task="monitoring.deploy")
-            run.status = "changed"
+        record.plan = [change_dict(change) for change in changes]
+        return changes
+
+    def verify(self, conn, record: MonitoringRecord, say: Say) -> None:
         say("read the exporters")
-        run.endpoints = check_endpoints(conn, endpoints(policy, run.dcgm_exporter))
-        return run
-    except GpuprovError as exc:
-        run.status = "failed"
-        run.steps = getattr(exc, "steps", run.steps)
-        exc.run = run
-        raise
+        record.endpoints = check_endpoints(conn, endpoints(build_policy(conn.host), record.dcgm_exporter))
+
+    def failing(self, entry: dict) -> bool:
+        """An exporter that does not serve its metrics on the monitoring address."""
+        return any(state != "serving" for state in (entry.get("endpoints") or {}).values())
+
+
+class ServerJob(MonitoringJob):
+    """The monitoring host: `invoke monitoring.server` (prometheus=True: Prometheus with gpuprov's configuration,
+    rules and the targets, listening on the host's monitoring address, checked to be its own before anything
+    changes) or `invoke monitoring.targets --server` (the targets only, which Prometheus reloads by itself)."""
+
+    variables = ("monitoring_address", "monitoring")
+
+    def __init__(self, targets: dict[str, list[dict]], prometheus: bool, dry_run: bool = False):
+        super().__init__(dry_run)
+        self.targets, self.prometheus = targets, prometheus
+        self.kind = "monitoring-server" if prometheus else "monitoring-targets"
+        self.task = "monitoring.server" if prometheus else "monitoring.targets --server"
+
+    def managed_files(self, host) -> tuple[str, ...]:
+        return server.managed_files()
+
+    def gather(self, conn, record: HostRecord) -> dict:
+        """With Prometheus to listen on the monitoring address: that address checked first, then the facts."""
+        if self.prometheus:
+            check_address(conn, build_policy(conn.host))
+        return super().gather(conn, record)
+
+    def plan(self, conn, record: MonitoringRecord) -> list:
+        from gpuprov.core.operations import change_dict
+
+        ctx = context(conn.host, record.facts_before)
+        changes = list(server.server_changes(ctx, self.targets, build_policy(conn.host)) if self.prometheus
+                       else server.target_changes(ctx, self.targets))
+        record.plan = [change_dict(change) for change in changes]
+        return changes

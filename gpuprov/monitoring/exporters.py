@@ -10,10 +10,17 @@ from collections.abc import Iterator
 from functools import cache
 from importlib import resources
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
+from gpuprov.core.operations import (
+    Change,
+    OpContext,
+    file_change,
+    install_change,
+    package_change,
+    service_change,
+)
 from gpuprov.monitoring import dcgm_data
 from gpuprov.monitoring.policy import MonitoringPolicy
-from gpuprov.ops.base import Change, OpContext, file_change, package_change
 
 NODE_PACKAGE = "prometheus-node-exporter"
 NODE_DEFAULTS = "/etc/default/prometheus-node-exporter"
@@ -38,9 +45,10 @@ def node_defaults(policy: MonitoringPolicy) -> str:
 def node_exporter(ctx: OpContext, policy: MonitoringPolicy) -> Iterator[Change]:
     component = "node-exporter"
     yield from package_dir(ctx, policy)
-    if ctx.installed(NODE_PACKAGE) is None:
-        yield Change(component, f"install {NODE_PACKAGE} (the distribution's package)",
-                     (ctx.pm.update(), ctx.pm.install_names([NODE_PACKAGE])))
+    install = install_change(component, ctx.pm, [NODE_PACKAGE], ctx.facts.get("packages") or {},
+                             "the distribution's package")
+    if install is not None:
+        yield install
     yield from textfile_dir(ctx, policy)
     change = file_change(ctx, component, NODE_DEFAULTS, node_defaults(policy),
                          f"listen on {policy.node_exporter_listen}", then=(f"systemctl restart {NODE_PACKAGE}",))
@@ -112,10 +120,12 @@ def textfile_dir(ctx: OpContext, policy: MonitoringPolicy) -> Iterator[Change]:
                                   "metrics)", (textfile_dir_command(policy.textfile_dir),))
 
 
-def _enabled(ctx: OpContext, component: str, unit: str) -> Iterator[Change]:
+def _enabled(ctx: OpContext, component: str, unit: str, restart: bool = False, why: str = "") -> Iterator[Change]:
+    """The unit enabled and running; restarted when `restart` (a change it reads only at start) and it runs."""
     state = ctx.service(unit)
-    if not (state.get("enabled") and state.get("active")):
-        yield Change(component, f"enable and start {unit}", (f"systemctl enable --now {unit}",))
+    change = service_change(component, unit, state, restart=restart and bool(state.get("active")), why=why)
+    if change is not None:
+        yield change
 
 
 def dcgm_mode(ctx: OpContext, policy: MonitoringPolicy) -> str:
@@ -167,10 +177,9 @@ def dcgm_exporter(ctx: OpContext, policy: MonitoringPolicy) -> Iterator[Change]:
 def _retire(ctx: OpContext, mode: str) -> Iterator[Change]:
     """Stop the exporter of the other mode (both would want the same address and port)."""
     unit = dcgm_data.releases()[0].unit
-    state = ctx.service(unit)
-    if mode != "service" and (state.get("enabled") or state.get("active")):
-        yield Change("dcgm-exporter", f"stop and disable {unit} (dcgm-exporter: {mode})",
-                     (f"systemctl disable --now {unit}",))
+    stop = service_change("dcgm-exporter", unit, ctx.service(unit), enabled=False, why=f"dcgm-exporter: {mode}")
+    if mode != "service" and stop is not None:
+        yield stop
     if mode != "container" and any(c.get("name") == CONTAINER for c in ctx.facts.get("containers") or []):
         yield Change("dcgm-exporter", f"remove the {CONTAINER} container (dcgm-exporter: {mode})",
                      (f"docker rm --force {CONTAINER}", f"rm -f {q(CONTAINER_ARGS)}"))
@@ -189,9 +198,8 @@ def _service(ctx: OpContext, policy: MonitoringPolicy, release: dcgm_data.Export
                          then=("systemctl daemon-reload", f"systemctl restart {release.unit}"))
     if change is not None:
         yield change
-    elif restart and ctx.service(release.unit).get("active"):
-        yield Change(component, f"restart {release.unit} (new counters)", (f"systemctl restart {release.unit}",))
-    yield from _enabled(ctx, component, release.unit)
+    again = restart and change is None     # a new drop-in restarts the unit itself
+    yield from _enabled(ctx, component, release.unit, restart=again, why="new counters" if again else "")
 
 
 def docker_run_args(policy: MonitoringPolicy, image: str) -> list[str]:

@@ -1,8 +1,8 @@
-"""A host's monitoring settings: its inventory variables (checked by gpuprov.inventory.monitoring) with defaults."""
+"""A host's monitoring settings: its inventory variables (declared by gpuprov.monitoring.variables and checked when
+the inventory is loaded) with their defaults."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 NODE_EXPORTER_PORT = 9100
@@ -63,33 +63,12 @@ def build_policy(host) -> MonitoringPolicy:
         host=host.name,
         address=variables.get("monitoring_address") or host.address,
         gpu_count=(variables.get("hardware") or {}).get("count") or 0,
-        textfile_dir=_textfile_dir(host),
+        textfile_dir=(variables.get("validate") or {}).get("textfile_dir") or TEXTFILE_DIR,
         cost_per_hour=cost.get("per_hour"),
         currency=cost.get("currency", "USD"),
         **{key: value for key, value in settings.items() if key in _SETTINGS},
     )
 
 
-def _textfile_dir(host) -> str:
-    """The host's validate.textfile_dir (an absolute path of plain characters), else Debian's folder."""
-    from gpuprov.errors import InputError
-
-    value = (host.vars.get("validate") or {}).get("textfile_dir")
-    if value is None:
-        return TEXTFILE_DIR
-    if not isinstance(value, str) or not _PLAIN_PATH.fullmatch(value) or "/../" in f"{value}/":
-        raise InputError(f"variable validate.textfile_dir must be an absolute path (letters, digits, _ . + @ / -), "
-                         f"not {value!r}", host=host.name, step="monitoring",
-                         hint=f"fix it in the inventory (invoke inventory.show --host {host.name})")
-    from gpuprov.inventory.checks import shared_folder_problem
-
-    problem = shared_folder_problem(value.rstrip("/") or "/")
-    if problem:
-        raise InputError(f"variable validate.textfile_dir: {problem}", host=host.name, step="monitoring",
-                         hint=f"give a folder only root writes, like {TEXTFILE_DIR}")
-    return value.rstrip("/") or "/"
-
-
-_PLAIN_PATH = re.compile(r"/[A-Za-z0-9_.+@/-]*")
 _SETTINGS = ("dcgm_exporter", "dcgm_exporter_image", "dcgm_exporter_digests", "drift_interval_min", "validate_schedule",
              "scrape_interval_s")

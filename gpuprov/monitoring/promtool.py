@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 
 STEP = "promtool"
 PACKAGE = "prometheus"

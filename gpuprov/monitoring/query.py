@@ -12,7 +12,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 from gpuprov.monitoring.policy import PROMETHEUS_PORT, build_policy
 
 Fetch = Callable[[str], bytes]   # path with query string -> response body

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import yaml
 
+from gpuprov.core.operations import Change, OpContext, file_change, install_change, service_change
 from gpuprov.monitoring.policy import MonitoringPolicy
 from gpuprov.monitoring.targets import SERVER_DIR, TARGET_FILES, file_sd_text, prometheus_config
-from gpuprov.ops.base import Change, OpContext, file_change, unified_diff, write_file
 
 PACKAGE = "prometheus"
 CONFIG = "/etc/prometheus/prometheus.yml"
@@ -48,44 +48,41 @@ def managed_files() -> tuple[str, ...]:
 
 
 def checked_file(ctx: OpContext, path: str, content: str, check: str, what: str) -> Change | None:
-    """Write `content` beside `path`, let `check` (promtool ... {file}) judge it, then rename it into place."""
-    current = ctx.file(path)
-    if current == content:
-        return None
-    staged = f"{path}.gpuprov-new"
-    commands = (write_file(staged, content), check.format(file=q(staged)) + f" || {{ rm -f {q(staged)}; exit 1; }}",
-                f"mv -f {q(staged)} {q(path)}")
-    return Change(COMPONENT, f"{'update' if current is not None else 'create'} {path} ({what})", commands,
-                  diff=unified_diff(path, current, content))
+    """`content` staged beside `path`, judged by `check` (promtool ... %s) before it replaces the old file."""
+    return file_change(ctx, COMPONENT, path, content, what, validate=check,
+                       rejected=f"{' '.join(check.split()[:3])} rejected {path}")
 
 
 def target_changes(ctx: OpContext, jobs: dict[str, list[dict]]) -> Iterator[Change]:
     """The file_sd files (Prometheus picks a changed one up by itself)."""
     for job, path in target_paths().items():
-        content = file_sd_text(jobs[job])
-        if ctx.file(path) != content:
-            yield Change(COMPONENT, f"write {path} ({len(jobs[job])} {job} targets)",
-                         (write_file(path, content),), diff=unified_diff(path, ctx.file(path), content))
+        change = file_change(ctx, COMPONENT, path, file_sd_text(jobs[job]), f"{len(jobs[job])} {job} targets",
+                             summary=f"write {path} ({len(jobs[job])} {job} targets)")
+        if change is not None:
+            yield change
 
 
 def server_changes(ctx: OpContext, jobs: dict[str, list[dict]], policy: MonitoringPolicy) -> Iterator[Change]:
     """Prometheus on the monitoring host `policy` describes (its address and scrape interval)."""
-    if ctx.installed(PACKAGE) is None:
-        yield Change(COMPONENT, f"install {PACKAGE} (the distribution's package, port 9090)",
-                     (ctx.pm.update(), ctx.pm.install_names([PACKAGE])))
+    install = install_change(COMPONENT, ctx.pm, [PACKAGE], ctx.facts.get("packages") or {},
+                             "the distribution's package, port 9090")
+    if install is not None:
+        yield install
     yield from target_changes(ctx, jobs)
     reload = [change for change in (
-        checked_file(ctx, RULES, rules_text(), "promtool check rules {file}", "gpuprov's alert rules"),
-        checked_file(ctx, CONFIG, config_text(policy), "promtool check config {file}",
+        checked_file(ctx, RULES, rules_text(), "promtool check rules %s", "gpuprov's alert rules"),
+        checked_file(ctx, CONFIG, config_text(policy), "promtool check config %s",
                      "scrape the inventory's exporters, evaluate gpuprov's rules"),
     ) if change is not None]
     yield from reload
     listen = file_change(ctx, COMPONENT, DEFAULTS, defaults_text(policy), f"listen on {policy.prometheus_listen} only")
     if listen is not None:
         yield listen
+    # a new listen address needs a restart (a reload keeps the old one); a stopped Prometheus is (re)started too
     state = ctx.service(PACKAGE)
-    if not (state.get("enabled") and state.get("active")) or listen is not None:
-        yield Change(COMPONENT, f"enable and (re)start {PACKAGE}", (f"systemctl enable {PACKAGE}",
-                                                                    f"systemctl restart {PACKAGE}"))
-    elif reload:
-        yield Change(COMPONENT, f"reload {PACKAGE} (new configuration or rules)", (f"systemctl reload {PACKAGE}",))
+    restart = listen is not None or not (state.get("enabled") and state.get("active"))
+    service = service_change(COMPONENT, PACKAGE, state, restart=restart, reload=bool(reload),
+                             why="" if restart else "new configuration or rules",
+                             summary=f"enable and (re)start {PACKAGE}" if restart else None)
+    if service is not None:
+        yield service

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from functools import cache
 from importlib import resources
 
+from gpuprov.core.operations import Change, OpContext, file_change, service_change
 from gpuprov.monitoring.policy import MonitoringPolicy
-from gpuprov.ops.base import Change, OpContext, file_change
 
 COMPONENT = "timers"
 SCRIPT_DIR = "/usr/local/lib/gpuprov"
@@ -67,10 +67,10 @@ def changes(ctx: OpContext, policy: MonitoringPolicy) -> Iterator[Change]:
     """Write the scripts, settings and units; then enable the timers and write the drift metrics right away. A
     timer no longer wanted is disabled before its unit files go."""
     idle = policy.validate_schedule != "never"
-    off = [] if idle else [t for t in [f"{IDLE}.timer"] if ctx.service(t).get("exists")]
-    if off:
-        yield Change(COMPONENT, f"disable {', '.join(off)} (validate_schedule: never)",
-                     tuple(f"systemctl disable --now {t}" for t in off))
+    off = None if idle else service_change(COMPONENT, f"{IDLE}.timer", ctx.service(f"{IDLE}.timer"), enabled=False,
+                                           why="validate_schedule: never")
+    if off is not None:
+        yield off
     wrote = []
     for path, content in managed_files(policy).items():
         change = file_change(ctx, COMPONENT, path, content, "gpuprov monitoring",
@@ -80,7 +80,7 @@ def changes(ctx: OpContext, policy: MonitoringPolicy) -> Iterator[Change]:
             yield change
     timers = [f"{DRIFT}.timer"] + ([f"{IDLE}.timer"] if idle else [])
     stale = [t for t in timers if not (ctx.service(t).get("enabled") and ctx.service(t).get("active"))]
-    if wrote or stale or off:
+    if wrote or stale or off is not None:
         commands = ["systemctl daemon-reload"]
         commands += [f"systemctl enable {t}" for t in timers] + [f"systemctl restart {t}" for t in timers]
         commands.append(f"systemctl start {DRIFT}.service")

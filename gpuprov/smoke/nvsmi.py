@@ -13,14 +13,15 @@ lab's) must answer exactly them:
    a value a GPU does not have prints as ``[N/A]`` (``[Not Supported]`` on some fields and drivers). Used by
    host.gpus, host.driver, host.persistence, host.ecc, sizing and the runner's recorded versions.
 2. ``nvidia-smi -q -x``: the full XML report (DTD ``nvsmi_device_v11``/``v12``). Read per ``<gpu id=BUS>``:
-   ``product_name``, ``persistence_mode``, ``mig_mode/current_mig``,
+   ``product_name``, ``uuid``, ``persistence_mode``, ``fb_memory_usage/total``, ``mig_mode/current_mig``,
    ``pci/pci_gpu_link_info/{pcie_gen/{max_link_gen,current_link_gen},link_widths/{max_link_width,current_link_width}}``,
    ``ecc_mode/current_ecc``, ``ecc_errors/{volatile,aggregate}/*uncorrectable*``, ``retired_pages/pending_retirement``,
    ``remapped_rows/{remapped_row_corr,remapped_row_unc,remapped_row_pending,remapped_row_failure}`` (or the text
    ``N/A``), ``clocks_event_reasons/clocks_event_reason_*`` (``clocks_throttle_reasons/clocks_throttle_reason_*``
    before driver 535), ``fabric/{state,status}``, ``processes/process_info/{pid,type,process_name,used_memory}``;
    and at the top ``driver_version``, ``cuda_version``, ``attached_gpus``. Used by host.gpus (processes),
-   host.ecc (row remapping), host.pcie, host.clocks and host.fabric.
+   host.ecc (row remapping), host.pcie, host.clocks and host.fabric; and by the controller's facts
+   (gpuprov.facts.parsers.parse_nvidia_smi_xml reads the host's ``-q -x`` with :func:`parse_q_xml`).
 3. ``nvidia-smi nvlink -s``: per GPU a ``GPU i: NAME (UUID: ...)`` line, then ``Link n: 26.562 GB/s`` or
    ``Link n: <inactive>`` lines, or a one-line message (``NVML: Unable to retrieve NVLink information as all links
    are inactive``, ``Device does not have or support Nvlink``, ``Nvlink queries are not supported for Devices in
@@ -321,6 +322,7 @@ def parse_q_xml(text: str) -> dict[str, Any]:
             "name": _text(gpu, "product_name"),
             "uuid": _text(gpu, "uuid"),
             "persistence_mode": _text(gpu, "persistence_mode"),
+            "memory_total_mib": _int(_text(gpu, "fb_memory_usage/total")),
             "mig_mode": _text(gpu, "mig_mode/current_mig"),
             "pcie": {
                 "max_gen": _int(_text(link, "pcie_gen/max_link_gen")),

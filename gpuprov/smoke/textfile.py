@@ -1,6 +1,6 @@
 """The validation results as a Prometheus textfile for node_exporter's textfile collector (the text exposition
 format, standard library only: the suite writes it on the host from its idle-GPU timer, and the controller's
-`invoke validate` writes the same through gpuprov.report.prometheus_textfile).
+`invoke validate` writes the same through gpuprov.validation.report.prometheus_textfile).
 
     gpuprov_check_ok{host,check}                     1 pass; 0 fail, warn or skip
     gpuprov_check_status{host,check,status}          1 for the check's status (pass, fail, warn, skip)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
-from gpuprov.ops.base import driver_packages, parse_versionlock
-from gpuprov.ops.cuda import family_packages
-from gpuprov.ops.pkg import VERSIONLOCK_LIST, for_family
+from gpuprov.core.operations import parse_versionlock
+from gpuprov.core.packages import VERSIONLOCK_LIST, for_family
+from gpuprov.stack.families import driver_packages, family_packages
 from gpuprov.stack.resolve import PACKAGE_SECTIONS
 
 # `dkms status` lines: "nvidia/570.148.08, 6.1.0-18-amd64, x86_64: installed" (dkms 3) or

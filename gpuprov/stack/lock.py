@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from gpuprov.errors import InputError, literal
+from gpuprov.core.errors import InputError, literal
 from gpuprov.inventory.checks import NotRegular, read_regular
 from gpuprov.inventory.diagnostics import show, type_name
 from gpuprov.inventory.located import Located, YamlTextError, compose, decode
@@ -174,7 +174,7 @@ def _lock_version(value: Any) -> str | None:
 
 def _package_word(which: str) -> Callable[[Any], str | None]:
     def check(value: Any) -> str | None:
-        from gpuprov.ops.pkg import Package
+        from gpuprov.core.packages import Package
 
         problem = _string(value)
         if problem is not None:

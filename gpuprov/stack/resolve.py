@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from gpuprov.catalog import FOURTH_GENERATION, lookup, nvswitch_generation
-from gpuprov.errors import InputError
+from gpuprov.core.errors import InputError
 from gpuprov.stack.data import (
     OS_KEYS,
     arch_in_cuda,

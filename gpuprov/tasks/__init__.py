@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from invoke import Collection
 
-from gpuprov.config import DEFAULTS
+from gpuprov.core.config import DEFAULTS
 
 
 def namespace() -> Collection:

@@ -3,8 +3,9 @@
 Every task is wrapped in `exits_cleanly`, which checks the gpuprov settings (invoke.yaml, INVOKE_GPUPROV_*)
 before the task does anything and turns a GpuprovError into its message and exit code. A task that touches
 hosts is declared with `@host_task(help={...})` and takes, besides its own options,
-`host=None, group=None, all=False, inventory=None, parallel=None, trust_new_hosts=False`; it calls
-`select_hosts(c, host, group, all, inventory)` and `run_settings(c, inv, ...)` (or `gather_outcomes`).
+`host=None, group=None, all=False, inventory=None, parallel=None, trust_new_hosts=False`. A host job's task
+checks its options, then `open_fleet(...)` (selection, executor settings with batches, the reports folder),
+`run_fleet(fleet, Job(...))` (gpuprov.core.runtime) and `finish(code)`; a read (facts) uses `gather_outcomes`.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from collections.abc import Callable
 from invoke import task
 from invoke.exceptions import Exit
 
-from gpuprov.config import path_setting, settings
-from gpuprov.errors import GpuprovError, InputError, literal
-from gpuprov.json_text import dump_json
+from gpuprov.core.config import path_setting, settings
+from gpuprov.core.errors import GpuprovError, InputError, literal
+from gpuprov.core.json_text import dump_json
 
 HOST_HELP = {
     "host": "host name from the inventory; repeat or give a comma list",
@@ -28,6 +29,13 @@ HOST_HELP = {
     "inventory": "inventory file (default: gpuprov.inventory in invoke.yaml)",
     "parallel": "hosts worked on at once (default: gpuprov.parallel)",
     "trust_new_hosts": "record unknown host keys (trust on first use)",
+}
+BATCH_HELP = {
+    "serial": "work in batches, each done before the next starts: a count (4), a share (25%) or a list (1,5,20%; "
+              "the last repeats), as Ansible's serial",
+    "batch_window": "at most this many hosts (or a share) in flight, a new one as soon as one ends (Salt's -b)",
+    "max_fail_percentage": "stop after a batch in which more than this share of the hosts failed (a window: of "
+                           "the last hosts to end)",
 }
 
 
@@ -157,7 +165,7 @@ def check_output_files(flag: str, paths, *, create_parents: bool = True) -> None
 
 def parallel_setting(c, parallel: str | int | None) -> int:
     """--parallel, else gpuprov.parallel: a whole number >= 1 (InputError otherwise)."""
-    from gpuprov.config import KINDS
+    from gpuprov.core.config import KINDS
 
     return settings(c).parallel if parallel is None else whole_number("--parallel", parallel, 1,
                                                                       KINDS["parallel"].maximum)
@@ -165,7 +173,7 @@ def parallel_setting(c, parallel: str | int | None) -> int:
 
 def max_fail_setting(max_fail: str | int | None) -> str | None:
     """--max-fail as given, once the executor's failure budget accepts it (InputError otherwise)."""
-    from gpuprov.executor import failure_budget
+    from gpuprov.core.executor import failure_budget
 
     failure_budget(max_fail, 1)
     return None if max_fail is None else str(max_fail)
@@ -177,7 +185,7 @@ def only_components(only: str | None, choices: tuple[str, ...] | None = None) ->
     if only is None:
         return None
     if choices is None:
-        from gpuprov.ops import COMPONENTS
+        from gpuprov.provision.ops import COMPONENTS
 
         choices = COMPONENTS
     accepted = f"give a comma list of components: {', '.join(choices)}"
@@ -193,9 +201,12 @@ def only_components(only: str | None, choices: tuple[str, ...] | None = None) ->
 
 
 def run_settings(c, inv, *, trust_new_hosts: bool = False, parallel: str | int | None = None,
-                 max_fail: str | None = None):
-    """Executor settings from invoke.yaml, the inventory (its known_hosts wins) and the task's flags."""
-    from gpuprov.executor import Settings
+                 max_fail: str | None = None, serial: str | None = None, batch_window: str | None = None,
+                 max_fail_percentage: str | None = None):
+    """Executor settings from invoke.yaml, the inventory (its known_hosts wins) and the task's flags (batches:
+    gpuprov.core.batches.batch_plan, bad values exit 2 before any host is contacted)."""
+    from gpuprov.core.batches import batch_plan
+    from gpuprov.core.executor import Settings
 
     config = settings(c)
     if trust_new_hosts:  # new keys are appended to it: a folder there, or a file above it, is found now
@@ -209,16 +220,42 @@ def run_settings(c, inv, *, trust_new_hosts: bool = False, parallel: str | int |
         connect_retries=config.connect_retries,
         command_timeout=config.command_timeout,
         max_fail=max_fail_setting(max_fail),
+        batches=batch_plan(serial, batch_window, max_fail_percentage),
     )
+
+
+def open_fleet(c, host, group, all_: bool, inventory, *, parallel=None, trust_new_hosts: bool = False,
+               max_fail=None, serial=None, batch_window=None, max_fail_percentage=None, json_: bool = False,
+               kind: str | None = None):
+    """The fleet a host job runs on: the selected hosts, the executor's settings (batches too), the reports folder
+    (checked, created when missing; `<kind>-latest.json` writable) and the progress printer (quiet with --json)."""
+    from gpuprov.core.report import check_folder, progress_printer
+    from gpuprov.core.runtime import Fleet
+
+    inv, hosts = select_hosts(c, host, group, all_, inventory)
+    settings = run_settings(c, inv, trust_new_hosts=trust_new_hosts, parallel=parallel, max_fail=max_fail,
+                            serial=serial, batch_window=batch_window, max_fail_percentage=max_fail_percentage)
+    reports = path_setting(c, "reports")
+    new_reports = check_folder("gpuprov.reports", reports, write=True)
+    if kind is not None:
+        check_output_files("gpuprov.reports", [reports / f"{kind}-latest.json"])
+    return Fleet(inv, hosts, settings, reports, new_reports=new_reports, quiet=json_,
+                 on_event=progress_printer(quiet=json_))
+
+
+def finish(code: int) -> None:
+    """A host job's exit code, as the task's."""
+    if code:
+        raise Exit(code=code)
 
 
 def gather_outcomes(c, inv, hosts, *, trust_new_hosts: bool = False, parallel: str | int | None = None,
                     quiet: bool = False) -> list:
     """Facts of every host, in parallel, with per-host progress: one executor Outcome per host."""
-    from gpuprov.executor import run_on_hosts
+    from gpuprov.core.executor import run_on_hosts
+    from gpuprov.core.report import progress_printer
     from gpuprov.facts.gather import gather
-    from gpuprov.ops import MANAGED_FILES
-    from gpuprov.report import progress_printer
+    from gpuprov.provision.ops import MANAGED_FILES
 
     return run_on_hosts(hosts, lambda conn: gather(conn, MANAGED_FILES),
                         run_settings(c, inv, trust_new_hosts=trust_new_hosts, parallel=parallel),
@@ -230,12 +267,3 @@ def gather_all(c, inv, hosts, *, trust_new_hosts: bool = False, parallel: str | 
     """Facts of every host: {name: facts} or {name: {"error": message}}."""
     outcomes = gather_outcomes(c, inv, hosts, trust_new_hosts=trust_new_hosts, parallel=parallel, quiet=quiet)
     return {o.host.name: o.value if o.ok else {"error": str(o.error)} for o in outcomes}
-
-
-def failed_run(outcome) -> dict:
-    """A host's report entry when its work raised: the run it carried so far (the error's `run`), its status
-    (failed, or skipped after --max-fail) and the error."""
-    run = getattr(outcome.error, "run", None)
-    data = run.to_dict() if run is not None else {"host": outcome.host.name}
-    data.update(status="failed" if not outcome.skipped else "skipped", error=outcome.error.to_dict())
-    return data

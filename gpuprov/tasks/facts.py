@@ -11,8 +11,8 @@ from gpuprov.tasks._common import gather_outcomes, host_task, select_hosts
 def facts(c, host=None, group=None, all=False, inventory=None, json_=False, trust_new_hosts=False,
           parallel=None):
     """Gather facts from hosts: OS, kernel, GPUs, driver, packages, holds, services, Docker."""
-    from gpuprov.json_text import dump_json
-    from gpuprov.report import facts_table
+    from gpuprov.core.json_text import dump_json
+    from gpuprov.core.report import facts_table
 
     inv, hosts = select_hosts(c, host, group, all, inventory)
     outcomes = gather_outcomes(c, inv, hosts, trust_new_hosts=trust_new_hosts, parallel=parallel, quiet=json_)

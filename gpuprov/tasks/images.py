@@ -21,10 +21,10 @@ def list_(c, name=None, json_=False):
     """List the images of the specs: id, purpose, base, the stack inside and the tag."""
     from rich.table import Table
 
+    from gpuprov.core.json_text import dump_json
+    from gpuprov.core.report import console, styled
     from gpuprov.images.labels import image_labels
     from gpuprov.images.spec import load_specs
-    from gpuprov.json_text import dump_json
-    from gpuprov.report import console, styled
 
     images = _selected(load_specs(), name)
     if json_:
@@ -50,10 +50,10 @@ def list_(c, name=None, json_=False):
 def render(c, name=None, wheels=False):
     """Render the Dockerfile and build context of each image into build/images/<id>/ (no download unless --wheels:
     an image that needs one is named, with the command that renders it)."""
+    from gpuprov.core.report import console, styled
     from gpuprov.images.render import WheelsNotDownloaded
     from gpuprov.images.render import render as render_image
     from gpuprov.images.spec import load_specs
-    from gpuprov.report import console, styled
 
     out = console()
     for image in _selected(load_specs(), name):
@@ -70,12 +70,12 @@ def render(c, name=None, wheels=False):
 @exits_cleanly
 def lint(c, name=None):
     """Render, then run hadolint on every Dockerfile; a finding at error or warning level fails (exit 1)."""
-    from gpuprov.errors import GpuprovError
+    from gpuprov.core.errors import GpuprovError
+    from gpuprov.core.report import console, styled
     from gpuprov.images import templates_folder
     from gpuprov.images.lint import lint as hadolint
     from gpuprov.images.render import render as render_image
     from gpuprov.images.spec import load_specs
-    from gpuprov.report import console, styled
 
     out = console()
     findings = []
@@ -102,15 +102,15 @@ def bake(c, name=None, registry=None, output=None):
     """Render, then write a docker-bake.json (contexts, tags, labels) for `docker buildx bake`."""
     from pathlib import Path
 
-    from gpuprov.errors import InputError
+    from gpuprov.core.errors import InputError
+    from gpuprov.core.json_text import dump_json
+    from gpuprov.core.report import console, styled
     from gpuprov.images import OUTPUT
     from gpuprov.images.bake import bake_document
     from gpuprov.images.labels import provenance
     from gpuprov.images.render import render as render_image
     from gpuprov.images.spec import load_specs
     from gpuprov.images.tags import check_registry
-    from gpuprov.json_text import dump_json
-    from gpuprov.report import console, styled
 
     registry = check_registry(registry)
     if output is not None and not str(output).strip():
@@ -127,7 +127,7 @@ def bake(c, name=None, registry=None, output=None):
 
 def _selected(images: list, names: list[str] | None) -> list:
     """The images `--name` selects: a spec's name selects all its entries, an image id one image."""
-    from gpuprov.errors import InputError
+    from gpuprov.core.errors import InputError
     from gpuprov.inventory.diagnostics import suggest
     from gpuprov.tasks._common import split_names
 
@@ -170,14 +170,14 @@ def build(c, name=None, changed_only=False, push=False, registry=None, no_cache=
     labels must equal the spec's (the versions read in a container of that image ID before are reused). A failed
     step shows the step and its output's tail; exit 1 when any image failed. The lab's wheelhouse is downloaded
     here, for the images that install from it."""
-    from gpuprov.config import path_setting
-    from gpuprov.errors import InputError
+    from gpuprov.core.config import path_setting
+    from gpuprov.core.errors import InputError
+    from gpuprov.core.report import check_folder
     from gpuprov.images.build import require_buildx
     from gpuprov.images.render import render as render_image
     from gpuprov.images.spec import load_specs
     from gpuprov.images.tags import check_registry
     from gpuprov.images.verify import versions_record
-    from gpuprov.report import check_folder
     from gpuprov.tasks._common import whole_number
 
     if builder not in ("sdk", "buildx"):
@@ -210,7 +210,7 @@ def build(c, name=None, changed_only=False, push=False, registry=None, no_cache=
 
 def _progress(quiet: bool):
     """Events on stderr, each line of one as a line (nothing with --json: no console is made)."""
-    from gpuprov.report import console, styled
+    from gpuprov.core.report import console, styled
 
     if quiet:
         return lambda text, style=None: None
@@ -240,7 +240,7 @@ def _step_printer(image_id: str, progress):
 def _build_sdk(rendered, *, registry, changed_only, no_cache, push, progress, parallel=1) -> list[dict]:
     """Build (or, --changed-only, skip) each rendered image on the engine, verify it, push it: `parallel` images
     at a time (each image's lines name it)."""
-    from gpuprov.errors import GpuprovError
+    from gpuprov.core.errors import GpuprovError
     from gpuprov.images.build import build_engine, build_image, in_parallel
     from gpuprov.images.labels import build_labels, provenance
 
@@ -275,12 +275,12 @@ def _build_sdk(rendered, *, registry, changed_only, no_cache, push, progress, pa
 def _build_buildx(rendered, *, registry, changed_only, no_cache, push, progress) -> list[dict]:
     """The same contexts through `docker buildx bake` (images.bake's file); --changed-only leaves out the targets
     whose image on this engine carries the context's hash."""
-    from gpuprov.errors import GpuprovError
+    from gpuprov.core.errors import GpuprovError
+    from gpuprov.core.json_text import dump_json
     from gpuprov.images import OUTPUT
     from gpuprov.images.bake import bake_document, target_name
     from gpuprov.images.build import bake, bake_command, engine_client, existing_image
     from gpuprov.images.labels import CONTEXT_HASH, provenance
-    from gpuprov.json_text import dump_json
 
     client = engine_client()
     origin = provenance()
@@ -316,7 +316,7 @@ def _tags(image, registry: str | None, revision: str | None) -> list[str]:
 def _verify(client, image, reference: str, progress) -> dict:
     """Versions inside the image and its labels against the spec; GpuprovError naming each difference. The versions
     recorded for the image's ID by an earlier verification are reused (the same ID is the same content)."""
-    from gpuprov.errors import GpuprovError
+    from gpuprov.core.errors import GpuprovError
     from gpuprov.images.labels import image_labels
     from gpuprov.images.verify import expected_versions, verify_image, versions_record
 
@@ -344,8 +344,8 @@ def _finish(step: str, reports, kind: str, payload: dict, json_: bool, columns: 
     """The run's report, a table (or the JSON document) and exit 1 when an image failed."""
     from invoke.exceptions import Exit
 
-    from gpuprov.json_text import dump_json
-    from gpuprov.report import summary_table, write_json_report
+    from gpuprov.core.json_text import dump_json
+    from gpuprov.core.report import summary_table, write_json_report
 
     report = write_json_report(reports, kind, payload)
     failed = [entry for entry in payload["images"] if entry.get("result") == "failed"]
@@ -365,15 +365,15 @@ def _finish(step: str, reports, kind: str, payload: dict, json_: bool, columns: 
 def test(c, name=None, json_=False):
     """Run the validation smoke suite inside built images (--gpus all where this machine has GPUs, CPU otherwise);
     exit 1 when a check fails."""
-    from gpuprov.config import path_setting
-    from gpuprov.errors import GpuprovError
+    from gpuprov.core.config import path_setting
+    from gpuprov.core.errors import GpuprovError
+    from gpuprov.core.report import check_folder
     from gpuprov.images.build import engine_client
     from gpuprov.images.container import machine_has_gpus
     from gpuprov.images.spec import load_specs
     from gpuprov.images.suite import run_image_suite
     from gpuprov.images.tags import image_tags
     from gpuprov.images.verify import expected_versions
-    from gpuprov.report import check_folder
 
     images = _selected(load_specs(), name)
     reports = path_setting(c, "reports")
@@ -408,13 +408,13 @@ def test(c, name=None, json_=False):
 def push(c, name=None, registry=None, json_=False):
     """Tag built images for a registry and push them, with each layer's progress (credentials from
     GPUPROV_REGISTRY_USER/GPUPROV_REGISTRY_PASSWORD or docker login, never on a command line)."""
-    from gpuprov.config import path_setting
-    from gpuprov.errors import GpuprovError, InputError
+    from gpuprov.core.config import path_setting
+    from gpuprov.core.errors import GpuprovError, InputError
+    from gpuprov.core.report import check_folder
     from gpuprov.images.build import engine_client, existing_image
     from gpuprov.images.labels import provenance
     from gpuprov.images.spec import load_specs
     from gpuprov.images.tags import check_registry
-    from gpuprov.report import check_folder
 
     registry = check_registry(registry)
     if not registry:
@@ -462,19 +462,20 @@ def run(c, host=None, group=None, all=False, inventory=None, parallel=None, trus
     `--gpus all` (where the host has GPUs), `--ipc=host` (or the host's images.shm_size), `--ulimit memlock=-1
     --ulimit stack=67108864`, the data_dir and images.output_dir mounts. A host whose driver is older than the
     image's io.gpuprov.min-driver is refused before anything is pulled (unless its stack uses forward
-    compatibility). A host whose lock records the image pulls the locked digest."""
+    compatibility). A host whose lock records the image pulls the locked digest. Each host's output (or error) is
+    printed, and the run's report written: reports/images-run-<UTC time>.json (Ctrl-C: what completed, exit 130)."""
     import sys
 
-    from gpuprov.config import path_setting
-    from gpuprov.errors import InputError
-    from gpuprov.executor import run_on_hosts
+    from gpuprov.core.config import path_setting
+    from gpuprov.core.errors import InputError
+    from gpuprov.core.runtime import run_fleet
     from gpuprov.images.labels import MIN_DRIVER, image_labels
-    from gpuprov.images.run import check_container, container_name, run_image, run_vars
+    from gpuprov.images.run import check_container, container_name, run_vars
+    from gpuprov.images.run_job import ImageRunJob
     from gpuprov.images.spec import load_specs
-    from gpuprov.images.tags import check_registry, repository
-    from gpuprov.report import progress_printer
+    from gpuprov.images.tags import check_registry
     from gpuprov.stack.lock import locked_images, locks_for
-    from gpuprov.tasks._common import run_settings, select_hosts
+    from gpuprov.tasks._common import finish, open_fleet
 
     if not name:
         raise InputError("--name is required: the image to run (invoke images.list shows them)", step="images.run")
@@ -486,61 +487,21 @@ def run(c, host=None, group=None, all=False, inventory=None, parallel=None, trus
     registry = check_registry(registry)
     check_container(container)
     command = remainder(sys.argv)
-    inv, hosts = select_hosts(c, host, group, all, inventory)
-    settings = {h.name: run_vars(h) for h in hosts}
-    registries = {h.name: registry or settings[h.name].registry for h in hosts}
+    fleet = open_fleet(c, host, group, all, inventory, parallel=parallel, trust_new_hosts=trust_new_hosts,
+                       json_=json_, kind=ImageRunJob.kind)
+    settings = {h.name: run_vars(h) for h in fleet.hosts}
+    registries = {h.name: registry or settings[h.name].registry for h in fleet.hosts}
     missing = sorted(name for name, value in registries.items() if not value)
     if missing:
         raise InputError(f"no registry for {', '.join(missing)}: give --registry, or set the hosts' images.registry",
                          step="images.run")
     locks_dir = path_setting(c, "locks")
-    stacks, locked = locks_for(hosts, locks_dir), locked_images(hosts, locks_dir)
-    label = image_labels(image).get(MIN_DRIVER)
-    name_of = container or container_name(image.name)
-    printer = progress_printer(quiet=json_)
-
-    def work(conn):
-        h = conn.host
-        pinned = next((entry for entry in locked.get(h.name, []) if entry["name"] == image.id), None)
-        base = repository(image, registries[h.name])
-        reference = f"{base}@{pinned['digest']}" if pinned else f"{base}:{image.version_tag}"
-        stack = stacks.get(h.name) or (h.vars.get("stack") or {})
-        return run_image(conn, reference, min_driver=pinned["min_driver"] if pinned else label,
-                         forward_compat=bool(stack.get("forward_compat")), settings=settings[h.name],
-                         container=name_of, detach=detach, command=command, say=lambda what: printer(h, what))
-
-    outcomes = run_on_hosts(hosts, work, run_settings(c, inv, trust_new_hosts=trust_new_hosts, parallel=parallel),
-                            jump_of=inv.jump_host, on_event=printer)
-    _report_runs(outcomes, json_)
+    job = ImageRunJob(image, registries=registries, settings=settings, stacks=locks_for(fleet.hosts, locks_dir),
+                      locked=locked_images(fleet.hosts, locks_dir), min_driver=image_labels(image).get(MIN_DRIVER),
+                      container=container or container_name(image.name), detach=detach, command=command)
+    finish(run_fleet(fleet, job))
 
 
 def remainder(argv: list[str]) -> list[str]:
     """The words after the first `--` of the command line (the command to run in the container), as given."""
     return argv[argv.index("--") + 1:] if "--" in argv else []
-
-
-def _report_runs(outcomes, json_: bool) -> None:
-    """Each host's run (its output, or its error) and exit 1 when one failed."""
-    from invoke.exceptions import Exit
-
-    from gpuprov.json_text import dump_json
-    from gpuprov.report import console, styled
-
-    if json_:
-        print(dump_json({"hosts": [o.value.to_dict() if o.ok else {"host": o.host.name, "error": o.error.to_dict()}
-                                   for o in outcomes]}))
-    else:
-        out = console()
-        for outcome in outcomes:
-            if not outcome.ok:
-                for line in str(outcome.error).splitlines():
-                    out.print(styled(line, "bold red"), soft_wrap=True)
-                continue
-            started = outcome.value
-            if started.note:
-                out.print(styled(f"[{started.host}] note: {started.note}", "yellow"), soft_wrap=True)
-            out.print(styled(f"[{started.host}] {started.command}", "dim"), soft_wrap=True)
-            for line in (started.stdout + started.stderr).splitlines():
-                out.print(styled(f"[{started.host}] {line}"), soft_wrap=True)
-    if any(not outcome.ok for outcome in outcomes):
-        raise Exit(code=1)

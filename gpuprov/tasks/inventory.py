@@ -8,8 +8,8 @@ import sys
 from invoke import task
 from invoke.exceptions import Exit
 
-from gpuprov.config import path_setting
-from gpuprov.errors import InputError, literal
+from gpuprov.core.config import path_setting
+from gpuprov.core.errors import InputError, literal
 from gpuprov.tasks._common import HOST_HELP, exits_cleanly
 
 
@@ -49,8 +49,8 @@ def check(c, inventory=None):
 @exits_cleanly
 def show(c, host, inventory=None, json_=False):
     """Show one host: connection settings and merged variables, with where each came from."""
+    from gpuprov.core.json_text import dump_json
     from gpuprov.inventory import load_inventory
-    from gpuprov.json_text import dump_json
 
     inv = load_inventory(_inventory_path(c, inventory))
     entry = inv.host(host)
@@ -70,7 +70,7 @@ def _print_host(data: dict) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from gpuprov.errors import mask_credentials
+    from gpuprov.core.errors import mask_credentials
 
     def cell(value) -> Text:
         """A table cell printed literally: no markup, control characters escaped, credentials masked."""

@@ -8,9 +8,9 @@ import sys
 from invoke import task
 from invoke.exceptions import Exit
 
-from gpuprov.config import path_setting
-from gpuprov.errors import InputError, literal
-from gpuprov.json_text import dump_json
+from gpuprov.core.config import path_setting
+from gpuprov.core.errors import InputError, literal
+from gpuprov.core.json_text import dump_json
 from gpuprov.tasks._common import (
     check_output_files,
     exits_cleanly,
@@ -164,8 +164,8 @@ def lock(c, host=None, group=None, all=False, inventory=None, os=None, parallel=
     digest and minimum driver of images the hosts run (images.run pulls that digest there, stack.check reports a
     driver that no longer fits).
     """
-    from gpuprov.errors import GpuprovError
-    from gpuprov.report import check_folder
+    from gpuprov.core.errors import GpuprovError
+    from gpuprov.core.report import check_folder
     from gpuprov.stack.lock import write_lock
     from gpuprov.stack.resolve import check_os, resolve_for_host
 
@@ -240,7 +240,7 @@ def _lock_targets(inv, hosts, groups: list[str], names: list[str], all_: bool) -
 def check(c, host=None, group=None, all=False, inventory=None, json_=False, parallel=None, trust_new_hosts=False):
     """Compare hosts with their stack (lock file, else resolved) and print each mismatch with its remedy; a locked
     image whose minimum driver the host's driver no longer meets is one."""
-    from gpuprov.report import check_folder
+    from gpuprov.core.report import check_folder
     from gpuprov.stack.check import check_host, image_mismatches
     from gpuprov.stack.lock import locked_images, locks_for
     from gpuprov.stack.resolve import resolve_for_host

@@ -22,7 +22,7 @@ import zipapp
 import zipfile
 from pathlib import Path
 
-from gpuprov.errors import InputError
+from gpuprov.core.errors import InputError
 
 SUITE = Path(__file__).resolve().parents[1] / "smoke"
 FRONT_END = Path(__file__).with_name("standalone.py")

@@ -38,8 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuprov.digest import file_sha256
-from gpuprov.errors import GpuprovError
+from gpuprov.core.digest import file_sha256
+from gpuprov.core.errors import GpuprovError
 from gpuprov.validation import LAYOUT, Layout
 from gpuprov.validation.remote import INSECURE, SECURE
 

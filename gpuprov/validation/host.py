@@ -1,16 +1,18 @@
-"""Validate one host: facts, its stack (the lock's when one governs it), the suite config, the Python
-environment (or the container image), the suite run; and the run-level steps that need every host's
-results: fleet outliers, the exit code, the Prometheus textfile placed on each host."""
+"""`invoke validate` as a fleet job (gpuprov.core.runtime): on each host its facts, its stack (the lock's when one
+governs it), the suite config, the Python environment (or the container image) and the suite run; then the
+run-level steps that need every host's results: fleet outliers, the optional all-reduce across the hosts, the
+Prometheus textfiles (placed on each host and kept beside the report), the JUnit report and the tables."""
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError, InputError
+from gpuprov.core.runtime import HostJob, HostRecord, Say
 from gpuprov.validation import LAYOUT, Layout
 
 TEXTFILE = "gpuprov_validate.prom"
@@ -29,13 +31,15 @@ class RunOptions:
     wheelhouse: Path = Path("build/wheelhouse")
     layout: Layout = LAYOUT
     dry_run: bool = False   # say what the environment step would do (gpuprov.validation.env.env_plan); change nothing
+    multi_node: bool = False   # also all-reduce across the hosts (gpuprov.validation.multinode)
+    textfile: bool = True      # place each host's Prometheus textfile in its node_exporter folder
 
 
 @dataclass
-class HostValidation:
-    """Everything validation found on one host: the JSON report's host entry (to_dict)."""
+class ValidationRecord(HostRecord):
+    """Everything validation found on one host: the JSON report's host entry (to_dict). Its status is judged from
+    its results and error (host_status), whatever the runtime set."""
 
-    host: str
     address: str = ""
     cluster_address: str = ""
     level: str = "quick"
@@ -46,17 +50,16 @@ class HostValidation:
     seconds: float = 0.0
     lock: str | None = None
     stack: dict | None = None
-    notices: list = field(default_factory=list)
     config: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
     suite_copied: bool = False
     versions: dict = field(default_factory=dict)
     suite_seconds: float = 0.0
     results: list = field(default_factory=list)
-    error: dict | None = None
     outlier_pct: float = 10.0
     textfile_dir: str = ""
     textfile: dict = field(default_factory=dict)
+    input_error: bool = False    # its validation stopped on bad input (an InputError)
 
     @property
     def fleet_group(self) -> str | None:
@@ -66,23 +69,39 @@ class HostValidation:
             return None
         return group_of(self.gpu, self.versions, bool(self.config.get("gpus_visible")), self.level)
 
-    def to_dict(self) -> dict:
+    def details(self) -> dict:
         from gpuprov.validation.fleet import figures_of
 
         stack = self.stack or {}
         return {
-            "host": self.host, "address": self.address, "cluster_address": self.cluster_address,
-            "status": host_status(self.results, self.error), "counts": counts(self.results), "gpu": self.gpu,
-            "level": self.level, "strict": self.strict, "image": self.image, "started": self.started,
-            "seconds": round(self.seconds, 3), "suite_seconds": self.suite_seconds, "lock": self.lock,
+            "address": self.address, "cluster_address": self.cluster_address, "counts": counts(self.results),
+            "gpu": self.gpu, "level": self.level, "strict": self.strict, "image": self.image,
+            "started": self.started, "seconds": round(self.seconds, 3), "suite_seconds": self.suite_seconds,
+            "lock": self.lock,
             "stack": {"driver": (stack.get("driver") or {}).get("version"),
                       "cuda": (stack.get("cuda") or {}).get("version"), "pytorch": stack.get("pytorch"),
                       "ngc_pytorch": stack.get("ngc_pytorch")} if stack else None,
-            "notices": self.notices, "config": self.config, "env": self.env, "suite_copied": self.suite_copied,
-            "versions": self.versions, "results": self.results, "error": self.error,
+            "config": self.config, "env": self.env, "suite_copied": self.suite_copied, "versions": self.versions,
+            "results": self.results,
             "fleet": {"group": self.fleet_group, "figures": figures_of(self.results)} if self.results else None,
             "textfile": self.textfile,
         }
+
+    def to_dict(self) -> dict:
+        """The common fields and validation's own; the status judged, the error always there (None when none)."""
+        return {**super().to_dict(), "status": host_status(self.results, self.error), "error": self.reported_error()}
+
+    def reported_error(self) -> dict | None:
+        """The error as the report has it: whether the host was skipped (not started) and whether it was bad
+        input, with only the tail of a long output."""
+        if self.error is None:
+            return None
+        error = {**self.error, "skipped": self.status == "skipped", "input_error": self.input_error}
+        output = error.get("output")
+        if isinstance(output, str) and len(output) > REPORT_OUTPUT:
+            error["output"] = (f"[gpuprov: the first {len(output) - REPORT_OUTPUT} characters of the output are "
+                               f"left out of the report]\n" + output[-REPORT_OUTPUT:])
+        return error
 
 
 def counts(results: list[dict]) -> dict[str, int]:
@@ -111,14 +130,13 @@ def _stack(host, facts: dict, settings, options: RunOptions) -> tuple[dict | Non
     """The host's stack, lock and notices as provision sees them; on an OS gpuprov has no stack data for (and no
     lock governing the host), none: the suite runs without the stack's expectations, with the PyTorch wheel
     variant the inventory names (validate.torch_wheel), which such a host must name."""
-    from gpuprov.errors import InputError
-    from gpuprov.provision import Options, stack_for
     from gpuprov.stack.data import OS_KEYS
+    from gpuprov.stack.host import LockUse, stack_for
     from gpuprov.stack.lock import lock_path_for
 
     os_facts = facts.get("os") or {}
     if os_facts.get("key") or lock_path_for(host, options.locks_dir) is not None:
-        return stack_for(host, facts, Options(locks_dir=options.locks_dir))
+        return stack_for(host, facts, LockUse(locks_dir=options.locks_dir))
     shown = os_facts.get("pretty_name") or "-".join(filter(None, (os_facts.get("id"), os_facts.get("version_id")))) \
         or "an unknown OS"
     if not settings.torch_wheel:
@@ -131,54 +149,91 @@ def _stack(host, facts: dict, settings, options: RunOptions) -> tuple[dict | Non
                         "version against a stack"]
 
 
-def validate_host(conn, host, options: RunOptions, say: Callable[[str], None] = lambda what: None) -> HostValidation:
-    """The whole validation of one connected host. Raises GpuprovError with the run so far attached (.run)."""
-    from gpuprov.facts.gather import gather
-    from gpuprov.ops import MANAGED_FILES
-    from gpuprov.validation.env import (
-        compiler_wanted,
-        ensure_compiler,
-        ensure_env,
-        env_plan,
-        probe_host,
-        request_for,
-        wheelhouse_for,
-    )
-    from gpuprov.validation.remote import Remote
-    from gpuprov.validation.suite import push_suite, run_suite, suite_command, write_config
-    from gpuprov.validation.suite_config import build_config, gpu_model, load_seconds, torch_wheel, validate_vars
+class ValidateJob(HostJob):
+    """`invoke validate`: the suite on each host (ValidationRecord), judged against the GPU's datasheet; then the
+    fleet verdicts, the optional all-reduce across the hosts and the textfiles (finish), the JUnit report beside
+    the JSON one (siblings), a table per host and the fleet summary. A host fails the run (exit 1) when a check
+    failed or its textfile could not be placed."""
 
-    started = time.monotonic()
-    run = HostValidation(host.name, address=host.address, level=options.level, strict=options.strict,
-                         image=options.image)
-    layout = options.layout
-    try:
+    kind = "validate"
+    columns = ("host", "gpu", "status", "pass", "fail", "warn", "skip", "seconds", "detail")
+    # gpuprov.validation.variables, and the stack's own (hardware, stack) that the expectations come from
+    variables = ("validate", "workload", "data_dir", "cluster_address", "hardware", "stack")
+
+    def __init__(self, options: RunOptions):
+        super().__init__(options.dry_run)
+        self.options = options
+        self.started = time.time()
+        self.multi_node: dict | None = None      # the all-reduce's summary, once finish ran it
+        self.records: dict[str, ValidationRecord] = {}   # every host's record by name, failed hosts' too
+
+    def new_record(self, host) -> ValidationRecord:
+        """A host's record; the runtime also asks for one for a host that failed before its run began, and its
+        entry is made from it: kept by name for finish."""
+        record = ValidationRecord(host.name, address=host.address, level=self.options.level,
+                                  strict=self.options.strict, image=self.options.image)
+        self.records[host.name] = record
+        return record
+
+    def run_host(self, conn, say: Say) -> ValidationRecord:
+        """The whole validation of one connected host (validate); a GpuprovError fails the host with the record
+        so far attached (exc.run), saying whether it was bad input."""
+        record = self.new_record(conn.host)
+        started = time.monotonic()
+        try:
+            self.validate(conn, record, say)
+            return record
+        except GpuprovError as exc:
+            record.input_error = isinstance(exc, InputError)
+            exc.run = record
+            raise
+        finally:
+            record.seconds = time.monotonic() - started
+
+    def validate(self, conn, record: ValidationRecord, say: Say) -> None:
+        """Facts, stack, suite config, the environment (a dry run stops once it is planned), the suite."""
+        from gpuprov.facts.gather import gather
+        from gpuprov.validation.env import (
+            compiler_wanted,
+            ensure_compiler,
+            ensure_env,
+            env_plan,
+            probe_host,
+            request_for,
+            wheelhouse_for,
+        )
+        from gpuprov.validation.remote import Remote
+        from gpuprov.validation.suite import push_suite, run_suite, suite_command, write_config
+        from gpuprov.validation.suite_config import build_config, gpu_model, load_seconds, torch_wheel, validate_vars
+
+        host, options, layout = conn.host, self.options, self.options.layout
         settings = validate_vars(host)
-        run.cluster_address, run.outlier_pct, run.textfile_dir = (settings.cluster_address, settings.outlier_pct,
-                                                                  settings.textfile_dir)
+        record.cluster_address, record.outlier_pct, record.textfile_dir = (settings.cluster_address,
+                                                                           settings.outlier_pct,
+                                                                           settings.textfile_dir)
         say("facts")
-        facts = gather(conn, MANAGED_FILES)
-        run.stack, run.lock, run.notices = _stack(host, facts, settings, options)
-        model = gpu_model(host, run.stack)
-        run.gpu = model.key if model else None
-        run.config = build_config(host, facts, run.stack, settings, level=options.level, strict=options.strict,
-                                  image=options.image)
+        facts = gather(conn)
+        record.stack, record.lock, record.notices = _stack(host, facts, settings, options)
+        model = gpu_model(host, record.stack)
+        record.gpu = model.key if model else None
+        record.config = build_config(host, facts, record.stack, settings, level=options.level,
+                                     strict=options.strict, image=options.image)
         remote = Remote(conn)
         if options.image is None:
             python = probe_host(remote, layout)
-            pytorch = (run.stack or {}).get("pytorch") or {}
-            request = request_for(python, torch_wheel(run.stack, settings),
+            pytorch = (record.stack or {}).get("pytorch") or {}
+            request = request_for(python, torch_wheel(record.stack, settings),
                                   settings.torch_version or pytorch.get("version"), settings.torch_index)
             wheelhouse = wheelhouse_for(request, options.wheelhouse, say=say)
-            if options.dry_run:
-                run.env = {"mode": "venv", "request": request.key(), **env_plan(python, wheelhouse, options.only,
-                                                                                 layout)}
-                return run
+            if self.dry_run:
+                record.env = {"mode": "venv", "request": request.key(), **env_plan(python, wheelhouse, options.only,
+                                                                                    layout)}
+                return
             say("python env")
-            run.env = {"mode": "venv", "request": request.key(), **ensure_env(remote, python, wheelhouse, layout,
-                                                                             say=say)}
+            record.env = {"mode": "venv", "request": request.key(), **ensure_env(remote, python, wheelhouse, layout,
+                                                                                say=say)}
             if compiler_wanted(options.only):   # torch.compile's g++, gcc and Python.h, from the distribution
-                run.env["compiler"] = ensure_compiler(remote, python, layout, say=say)
+                record.env["compiler"] = ensure_compiler(remote, python, layout, say=say)
             current = python.smoke_digest
         else:
             if facts.get("docker") is None:
@@ -186,51 +241,124 @@ def validate_host(conn, host, options: RunOptions, say: Callable[[str], None] = 
                                    host=host.name, step="suite",
                                    hint="set container_engine: docker for the host and run provision, or "
                                         "validate without --image")
-            run.env = {"mode": "image", "image": options.image}
-            if options.dry_run:
-                return run
+            record.env = {"mode": "image", "image": options.image}
+            if self.dry_run:
+                return
             current = remote.run(f"cat {shlex.quote(layout.smoke_marker)} 2>/dev/null || true", sudo=False,
                                  timeout=30).stdout
             current = current.strip() or None
         say("copy suite")
-        run.suite_copied = push_suite(remote, current, layout)
-        write_config(remote, run.config, layout)
+        record.suite_copied = push_suite(remote, current, layout)
+        write_config(remote, record.config, layout)
         say(f"suite ({options.level})")
         suite_started = time.monotonic()
         document = run_suite(remote, suite_command(level=options.level, strict=options.strict,
                                                    only=list(options.only) if options.only else None,
                                                    image=options.image, layout=layout,
                                                    ulimits=settings.image_ulimits), options.level,
-                             run.config.get("datasheet"), load_seconds(run.config))
-        run.suite_seconds = round(time.monotonic() - suite_started, 3)
-        run.versions = document.get("versions") or {}
-        run.results = document["results"]
-        return run
-    except GpuprovError as exc:
-        exc.run = run
-        raise
-    finally:
-        run.seconds = time.monotonic() - started
+                             record.config.get("datasheet"), load_seconds(record.config))
+        record.suite_seconds = round(time.monotonic() - suite_started, 3)
+        record.versions = document.get("versions") or {}
+        record.results = document["results"]
+
+    # -- the fleet's view ------------------------------------------------------------------------------------
+    def failing(self, entry: dict) -> bool:
+        """A check failed, or the host's textfile could not be placed."""
+        return (any(item["status"] == "fail" for item in entry.get("results") or [])
+                or bool((entry.get("textfile") or {}).get("error")))
+
+    def finish(self, fleet, records: list, entries: list[dict]) -> dict:
+        """The fleet verdicts, the all-reduce across the hosts (--multi-node), the entries made again from the
+        records, each host's textfile placed on it (unless --no-textfile) and kept in <reports>/textfile/."""
+        from gpuprov.core.report import replace_file
+        from gpuprov.validation.report import prometheus_textfile
+
+        # a failed host's record (its entry was made from it) is kept by name: the all-reduce names it too
+        runs = [record or self.records[entry["host"]] for record, entry in zip(records, entries, strict=True)]
+        apply_fleet(runs, fleet.reports, self.options.strict)
+        if self.options.multi_node:
+            self.multi_node = _multi_node(fleet, runs, self.options)
+        finished = time.time()
+        entries[:] = [run.to_dict() for run in runs]
+        if self.options.textfile:
+            _publish(fleet, runs, entries, finished)
+        textfiles = {entry["host"]: str(replace_file(fleet.reports / "textfile" / f"{entry['host']}.prom",
+                                                     prometheus_textfile(entry, finished))) for entry in entries}
+        return {"finished": finished, "finished_epoch": finished, "multi_node": self.multi_node,
+                "textfiles": textfiles}
+
+    def siblings(self, report: Path, entries: list[dict]) -> dict[str, str]:
+        """The JUnit report: the JSON report's name with .xml (and validate-latest.xml)."""
+        from gpuprov.core.report import write_report_sibling
+        from gpuprov.validation.report import junit_report
+
+        return {"junit": str(write_report_sibling(report, self.kind, ".xml", junit_report(entries)))}
+
+    def row(self, entry: dict) -> dict:
+        found = entry.get("counts") or {}
+        failed = [item for item in entry.get("results") or [] if item["status"] == "fail"]
+        detail = (entry.get("error") or {}).get("error") or "; ".join(f"{i['check']}: {i['reason']}" for i in failed)
+        return {"host": entry["host"], "gpu": entry.get("gpu") or "", "status": entry.get("status", ""),
+                "pass": found.get("pass", 0), "fail": found.get("fail", 0), "warn": found.get("warn", 0),
+                "skip": found.get("skip", 0), "seconds": f"{entry.get('seconds', 0):.1f}", "detail": detail[:160]}
+
+    def print_details(self, entries: list[dict]) -> None:
+        """A table per host (every check with its status, figures and reason; a host whose validation stopped: its
+        error), then the all-reduce's verdict. Names, reasons and errors are printed as written."""
+        from rich.table import Table
+
+        from gpuprov.core.report import console, styled
+
+        out = console()
+        styles = {"fail": "bold red", "warn": "yellow", "pass": "green", "skip": "dim"}
+        for entry in entries:
+            if entry.get("error") and not entry.get("results"):
+                error = entry["error"]
+                out.print(styled(f"{entry['host']}: validation stopped", "bold red"), styled(error.get("error") or ""))
+                for key in ("step", "command", "hint"):
+                    if error.get(key):
+                        out.print(styled(f"  {key}: {error[key]}"))
+                lines = [line for line in str(error.get("output") or "").splitlines() if line.strip()]
+                for line in lines[-3:]:
+                    out.print(styled(f"  output: {line}"))
+                continue
+            title = f"{entry['host']} ({entry.get('gpu') or 'GPU unknown'}, {entry.get('level')}" + (
+                f", image {entry['image']}" if entry.get("image") else "") + ")"
+            table = Table(title=styled(title), title_justify="left")
+            for column in ("check", "status", "figures", "reason"):
+                table.add_column(column, overflow="fold")
+            for item in entry.get("results") or []:
+                table.add_row(styled(item["check"]), styled(item["status"], styles.get(item["status"])),
+                              styled(_figures_text(item.get("figures") or {})), styled(item["reason"]))
+            out.print(table)
+        summary = self.multi_node
+        if summary:
+            status = summary.get("status")
+            out.print(styled(f"multi-node ({', '.join(summary.get('hosts', []))}, rendezvous "
+                             f"{summary.get('rendezvous')}):"),
+                      styled(str(status), "green" if status == "pass" else "bold red"),
+                      styled(summary.get("reason") or ""))
+
+    def title(self) -> str:
+        return "validate: fleet summary"
+
+    def report_fields(self) -> dict:
+        options = self.options
+        return {"level": options.level, "strict": options.strict, "image": options.image,
+                "only": list(options.only) if options.only else None, "started": self.started}
 
 
-def failed_run(outcome) -> HostValidation:
-    """The HostValidation of a host whose validation stopped, with its error."""
-    run = getattr(outcome.error, "run", None)
-    if not isinstance(run, HostValidation):
-        run = HostValidation(outcome.host.name, address=outcome.host.address)
-    from gpuprov.errors import InputError
-
-    run.error = outcome.error.to_dict() | {"skipped": outcome.skipped,
-                                           "input_error": isinstance(outcome.error, InputError)}
-    output = run.error.get("output")
-    if isinstance(output, str) and len(output) > REPORT_OUTPUT:
-        run.error["output"] = (f"[gpuprov: the first {len(output) - REPORT_OUTPUT} characters of the output are "
-                               f"left out of the report]\n" + output[-REPORT_OUTPUT:])
-    run.results = []
-    return run
+def _figures_text(figures: dict, limit: int = 6) -> str:
+    """A check's scalar figures for a table cell: key=value, the first `limit` of them."""
+    parts = []
+    for key, value in figures.items():
+        if isinstance(value, bool) or not isinstance(value, int | float | str) or key == "per_gpu":
+            continue
+        parts.append(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}")
+    return " ".join(parts[:limit]) + (" ..." if len(parts) > limit else "")
 
 
-def apply_fleet(runs: list[HostValidation], reports_dir: Path, strict: bool, now: float | None = None) -> None:
+def apply_fleet(runs: list[ValidationRecord], reports_dir: Path, strict: bool, now: float | None = None) -> None:
     """Add each host's fleet results (fleet.perf.matmul, ...) against this run's hosts and recent reports."""
     from gpuprov.validation.fleet import Sample, figures_of, outliers, recent_samples
 
@@ -243,16 +371,45 @@ def apply_fleet(runs: list[HostValidation], reports_dir: Path, strict: bool, now
         run.results.extend(found.get(run.host, []))
 
 
-def exit_code(hosts: list[dict]) -> int:
-    """From the report's host entries: 0 every host validated and no check failed; 1 a check failed or a host
-    could not be validated; 2 every problem was bad input (an inventory variable, a lock)."""
-    errors = [h for h in hosts if h.get("error")]
-    failed = [h for h in hosts if any(item["status"] == "fail" for item in h.get("results") or [])]
-    if not errors and not failed:
-        return 0
-    if not failed and all(h["error"].get("input_error") for h in errors):
-        return 2
-    return 1
+def _multi_node(fleet, runs: list[ValidationRecord], options: RunOptions) -> dict:
+    """The all-reduce across the fleet's hosts, its runs on the fleet's connections (every host at once); each
+    host gets its multinode.allreduce result. Returns the summary."""
+    from gpuprov.validation.multinode import nodes_for, run_multinode
+    from gpuprov.validation.suite_config import validate_vars
+
+    def on_fleet(hosts: list, work, settings, **_) -> list:   # jump_of and on_event: the fleet's own
+        return dataclasses.replace(fleet, settings=settings).run(hosts, work)
+
+    nodes = nodes_for(runs, fleet.hosts, validate_vars)
+    outcome = run_multinode(nodes, fleet.hosts, fleet.settings, jump_of=fleet.inventory.jump_host,
+                            port=validate_vars(fleet.hosts[0]).rdzv_port, level=options.level, image=options.image,
+                            layout=options.layout, on_event=fleet.on_event, run_on_hosts=on_fleet)
+    for run in runs:
+        item = outcome["results"].get(run.host)
+        if item is not None:
+            run.results.append(item)
+    return outcome["summary"]
+
+
+def _publish(fleet, runs: list[ValidationRecord], entries: list[dict], finished: float) -> None:
+    """Each reachable host's textfile into its node_exporter textfile folder (no progress lines); the outcome goes
+    into its entry."""
+    from gpuprov.validation.report import prometheus_textfile
+
+    by_name = {entry["host"]: entry for entry in entries}
+    folders = {run.host: run.textfile_dir for run in runs if run.textfile_dir}
+    unreachable = {name for name, entry in by_name.items()
+                   if (entry.get("error") or {}).get("skipped") or (entry.get("error") or {}).get("step") == "connect"}
+    targets = [h for h in fleet.hosts if h.name in folders and h.name not in unreachable]
+    if not targets:
+        return
+    quiet = dataclasses.replace(fleet, on_event=lambda host, event: None)
+    outcomes = quiet.run(targets, lambda conn: publish_textfile(
+        conn, prometheus_textfile(by_name[conn.host.name], finished), folders[conn.host.name]))
+    for outcome in outcomes:
+        entry = by_name[outcome.host.name]
+        entry["textfile"] = {"path": outcome.value} if outcome.ok else {
+            "path": f"{folders[outcome.host.name]}/{TEXTFILE}", "error": str(outcome.error)}
 
 
 def publish_textfile(conn, text: str, directory: str) -> str:

@@ -31,7 +31,7 @@ import secrets
 import shlex
 from importlib import resources
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 from gpuprov.validation import LAYOUT, Layout
 
 CHECK = "multinode.allreduce"
@@ -286,103 +286,168 @@ def result(status: str, reason: str, figures: dict | None = None, nodes: int = 0
             "thresholds": {"nodes": nodes}, "seconds": 0.0}
 
 
+@dataclasses.dataclass
+class _Run:
+    """The fixed parts of one multi-node run, shared by its phases: the nodes and their inventory hosts (the
+    first hosts the rendezvous), how to reach them, and where the workers run."""
+    nodes: list[Node]
+    hosts: list
+    settings: object
+    jump_of: object
+    on_event: object
+    run_on_hosts: object
+    port: int
+    layout: Layout
+    user: str
+    join_seconds: int
+    by_name: dict[str, Node] = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.by_name = {node.name: node for node in self.nodes}
+
+    @property
+    def first(self) -> Node:
+        """The rendezvous node."""
+        return self.nodes[0]
+
+    def on(self, hosts: list, work) -> list:
+        """`work` on `hosts`, all at once; their outcomes in the order of `hosts`."""
+        return self.run_on_hosts(hosts, work, self.settings, jump_of=self.jump_of, on_event=self.on_event)
+
+
 def run_multinode(nodes: list[Node], hosts: list, settings, *, jump_of, port: int, level: str,
                   image: str | None = None, layout: Layout = LAYOUT, on_event=lambda host, event: None,
                   run_on_hosts=None, join_seconds: int = JOIN_SECONDS, user: str = WORKER_USER) -> dict:
     """Join check, then torchrun on every node at once, its workers as `user`, the rendezvous port firewalled
     to the joined hosts. Returns {"results": {host: result}, "summary": {...}}. `hosts` are the inventory hosts
     of `nodes`, in the same order; the first one hosts the rendezvous."""
-    from gpuprov.validation.remote import Remote
-
     if run_on_hosts is None:
-        from gpuprov.executor import run_on_hosts
+        from gpuprov.core.executor import run_on_hosts
     settings = dataclasses.replace(settings, parallel=max(1, len(hosts)), max_fail=None)
-    first = nodes[0]
-    by_name = {node.name: node for node in nodes}
-    endpoint = f"{first.cluster_address}:{port}"
+    run = _Run(nodes, hosts, settings, jump_of, on_event, run_on_hosts, port, layout, user, join_seconds)
+    endpoint = f"{run.first.cluster_address}:{port}"
     summary = {"rendezvous": endpoint, "hosts": [n.name for n in nodes], "not_joined": {}, "status": "fail"}
-
-    def own(conn):
-        """Phase 1 on every ready host: the worker file and its user in place, a working nft on the rendezvous
-        host, and its cluster address really its own."""
-        node = by_name[conn.host.name]
-        remote = Remote(conn, step="multi-node")
-        remote.write_text(worker_source(), f"{layout.multinode}/allreduce_worker.py", step="multi-node")
-        remote.run(worker_user_script(user), timeout=120, step="multi-node worker user")
-        if node is first and remote.run(FIREWALL_CHECK, timeout=60, check=False).rc != 0:
-            return {"error": f"cannot firewall the rendezvous port {port}: nft is missing or does not work (install "
-                             "nftables; the rendezvous does not start unfirewalled)"}
-        out = remote.run(_py(OWN_ADDRESS, node.cluster_address), sudo=False, timeout=60, step="multi-node join")
-        return json.loads(out.stdout.strip().splitlines()[-1])
-
-    def join(conn):
-        """Phase 2: the first host listens for the others, which connect and say their names."""
-        node = by_name[conn.host.name]
-        remote = Remote(conn, step="multi-node")
-        if node is first:
-            command = _py(LISTENER, first.cluster_address, port, join_seconds + min(15, join_seconds),
-                          *[n.name for n in joining[1:]])
-        else:
-            command = _py(CONNECTOR, first.cluster_address, port, node.name, node.cluster_address, join_seconds)
-        out = remote.run(command, sudo=False, timeout=join_seconds + 60, step="multi-node join")
-        return json.loads(out.stdout.strip().splitlines()[-1])
-
-    ready = [n for n in nodes if n.ready]
     not_joined = {n.name: n.problem or "its validation did not reach the suite" for n in nodes if not n.ready}
-    joining: list[Node] = []
-    seen: dict[str, str] = {}   # name: the address the rendezvous host saw it connect from
-    if first.ready:
-        for outcome in run_on_hosts([h for h in hosts if by_name[h.name].ready], own, settings, jump_of=jump_of,
-                                    on_event=on_event):
-            if not outcome.ok:
-                not_joined[outcome.host.name] = outcome.error.message
-            elif outcome.value.get("error"):
-                not_joined[outcome.host.name] = outcome.value["error"]
-        joining = [n for n in ready if n.name not in not_joined]
-    if first in joining and len(joining) > 1:
-        # a host whose address is not its own cannot join: the rendezvous does not wait for it
-        outcomes = {o.host.name: o for o in run_on_hosts([h for h in hosts if by_name[h.name] in joining], join,
-                                                         settings, jump_of=jump_of, on_event=on_event)}
-        listener = outcomes[first.name]
-        seen = dict(listener.value.get("joined") or {}) if listener.ok else {}
-        if not listener.ok:
-            not_joined[first.name] = f"the rendezvous host failed: {listener.error.message}"
-        elif listener.value.get("error"):
-            not_joined[first.name] = f"the rendezvous host {listener.value['error']}"
-        for node in joining[1:]:
-            outcome = outcomes[node.name]
-            if not outcome.ok:
-                not_joined[node.name] = outcome.error.message
-            elif not outcome.value.get("joined"):
-                not_joined[node.name] = outcome.value.get("error") or "did not join"
-            elif listener.ok and not listener.value.get("error") and node.name not in listener.value["joined"]:
-                not_joined[node.name] = f"connected, but the rendezvous host {first.name} did not count it"
+    seen = _join_check(run, not_joined)
     summary["not_joined"] = not_joined
     if not_joined:
         names = ", ".join(f"{name} ({why})" for name, why in not_joined.items())
-        reason = f"did not join the rendezvous at {endpoint}: {names}"
-        summary["reason"] = reason
-        return {"results": {n.name: result("fail", reason, nodes=len(nodes)) for n in nodes}, "summary": summary}
+        return _failed(nodes, summary, f"did not join the rendezvous at {endpoint}: {names}")
+    rules = firewall_rules(port, list(seen.values()))
+    summary["firewall"] = {"host": run.first.name, "table": f"inet {firewall_table(port)}",
+                           "allowed": sorted(seen.values())}
+    outcomes = _torchrun_everywhere(run, rules, level=level, image=image)
+    return _torchrun_result(run, outcomes, summary)
+
+
+def _failed(nodes: list[Node], summary: dict, reason: str) -> dict:
+    """The run's answer when it failed for `reason`: every node fails with it."""
+    summary["reason"] = reason
+    return {"results": {n.name: result("fail", reason, nodes=len(nodes)) for n in nodes}, "summary": summary}
+
+
+def _join_check(run: _Run, not_joined: dict[str, str]) -> dict[str, str]:
+    """Phases 1 and 2 on the ready hosts, adding to `not_joined` (name: why) every host that cannot join.
+    Returns {name: the address the rendezvous host saw it connect from}."""
+    joining: list[Node] = []
+    if run.first.ready:
+        _own_phase(run, not_joined)
+        joining = [n for n in run.nodes if n.ready and n.name not in not_joined]
+    if run.first in joining and len(joining) > 1:
+        # a host whose address is not its own cannot join: the rendezvous does not wait for it
+        return _join_phase(run, joining, not_joined)
+    return {}
+
+
+def _own_phase(run: _Run, not_joined: dict[str, str]) -> None:
+    """Phase 1 on every ready host: the worker file and its user in place, a working nft on the rendezvous
+    host, and its cluster address really its own; a host where one is not is added to `not_joined`."""
+    from gpuprov.validation.remote import Remote
+
+    first = run.first
+
+    def own(conn):
+        node = run.by_name[conn.host.name]
+        remote = Remote(conn, step="multi-node")
+        remote.write_text(worker_source(), f"{run.layout.multinode}/allreduce_worker.py", step="multi-node")
+        remote.run(worker_user_script(run.user), timeout=120, step="multi-node worker user")
+        if node is first and remote.run(FIREWALL_CHECK, timeout=60, check=False).rc != 0:
+            return {"error": f"cannot firewall the rendezvous port {run.port}: nft is missing or does not work "
+                             "(install nftables; the rendezvous does not start unfirewalled)"}
+        out = remote.run(_py(OWN_ADDRESS, node.cluster_address), sudo=False, timeout=60, step="multi-node join")
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    for outcome in run.on([h for h in run.hosts if run.by_name[h.name].ready], own):
+        if not outcome.ok:
+            not_joined[outcome.host.name] = outcome.error.message
+        elif outcome.value.get("error"):
+            not_joined[outcome.host.name] = outcome.value["error"]
+
+
+def _join_phase(run: _Run, joining: list[Node], not_joined: dict[str, str]) -> dict[str, str]:
+    """Phase 2: the first host listens for the others, which connect and say their names; a host that did not
+    join (or was not counted) is added to `not_joined`. Returns {name: address} as the listener saw them."""
+    from gpuprov.validation.remote import Remote
+
+    first = run.first
+
+    def join(conn):
+        node = run.by_name[conn.host.name]
+        remote = Remote(conn, step="multi-node")
+        if node is first:
+            command = _py(LISTENER, first.cluster_address, run.port, run.join_seconds + min(15, run.join_seconds),
+                          *[n.name for n in joining[1:]])
+        else:
+            command = _py(CONNECTOR, first.cluster_address, run.port, node.name, node.cluster_address,
+                          run.join_seconds)
+        out = remote.run(command, sudo=False, timeout=run.join_seconds + 60, step="multi-node join")
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    outcomes = {o.host.name: o for o in run.on([h for h in run.hosts if run.by_name[h.name] in joining], join)}
+    listener = outcomes[first.name]
+    seen = dict(listener.value.get("joined") or {}) if listener.ok else {}
+    if not listener.ok:
+        not_joined[first.name] = f"the rendezvous host failed: {listener.error.message}"
+    elif listener.value.get("error"):
+        not_joined[first.name] = f"the rendezvous host {listener.value['error']}"
+    for node in joining[1:]:
+        outcome = outcomes[node.name]
+        if not outcome.ok:
+            not_joined[node.name] = outcome.error.message
+        elif not outcome.value.get("joined"):
+            not_joined[node.name] = outcome.value.get("error") or "did not join"
+        elif listener.ok and not listener.value.get("error") and node.name not in listener.value["joined"]:
+            not_joined[node.name] = f"connected, but the rendezvous host {first.name} did not count it"
+    return seen
+
+
+def _torchrun_everywhere(run: _Run, rules: str, *, level: str, image: str | None) -> list:
+    """torchrun on every host at once, the rendezvous host's port firewalled by `rules`; the table is removed
+    from here when the rendezvous host's run failed. Returns the outcomes, {"rc", "output"} each."""
+    from gpuprov.validation.remote import Remote
 
     rdzv_id = f"gpuprov-{secrets.token_hex(4)}"
-    rules = firewall_rules(port, list(seen.values()))
-    summary["firewall"] = {"host": first.name, "table": f"inet {firewall_table(port)}",
-                           "allowed": sorted(seen.values())}
 
     def torchrun(conn):
-        node = by_name[conn.host.name]
-        command = torchrun_command(node, nodes, port=port, rdzv_id=rdzv_id, level=level, image=image,
-                                   layout=layout, user=user, firewall=rules if node is first else None)
+        node = run.by_name[conn.host.name]
+        command = torchrun_command(node, run.nodes, port=run.port, rdzv_id=rdzv_id, level=level, image=image,
+                                   layout=run.layout, user=run.user, firewall=rules if node is run.first else None)
         out = Remote(conn, step="multi-node").run(command, timeout=RUN_TIMEOUT[level], check=False)
         return {"rc": out.rc, "output": out.stdout + "\n" + out.stderr}
 
     def unfirewall(conn):
-        Remote(conn, step="multi-node").run(f"nft delete table inet {firewall_table(port)} 2>/dev/null || true",
+        Remote(conn, step="multi-node").run(f"nft delete table inet {firewall_table(run.port)} 2>/dev/null || true",
                                             timeout=60)
 
-    outcomes = run_on_hosts(hosts, torchrun, settings, jump_of=jump_of, on_event=on_event)
+    outcomes = run.on(run.hosts, torchrun)
     if not outcomes[0].ok:   # its shell may not have reached its exit trap: remove the table from here
-        run_on_hosts(hosts[:1], unfirewall, settings, jump_of=jump_of, on_event=on_event)
+        run.on(run.hosts[:1], unfirewall)
+    return outcomes
+
+
+def _torchrun_result(run: _Run, outcomes: list, summary: dict) -> dict:
+    """The run's answer from the torchrun outcomes: a failure if any torchrun failed or none printed a valid
+    all-reduce result, else the verdict on that result, its figures and each host's transport."""
     found = None
     failures = {}
     transports = {}
@@ -394,15 +459,14 @@ def run_multinode(nodes: list[Node], hosts: list, settings, *, jump_of, port: in
         transports[outcome.host.name] = host_transport(outcome.value["output"])
         if outcome.value["rc"] != 0:
             failures[outcome.host.name] = f"torchrun exit {outcome.value['rc']}: {_tail(outcome.value['output'])}"
+    nodes = run.nodes
     if found is None or failures:
-        reason = "torchrun failed: " + ("; ".join(f"{name}: {why}" for name, why in failures.items())
-                                        or "no node printed a valid all-reduce result")
-        summary["reason"] = reason
-        return {"results": {n.name: result("fail", reason, nodes=len(nodes)) for n in nodes}, "summary": summary}
+        why = "; ".join(f"{name}: {why}" for name, why in failures.items())
+        return _failed(nodes, summary, f"torchrun failed: {why or 'no node printed a valid all-reduce result'}")
     summary["worker_uids"] = found.get("uids")
     if found["backend"] == "nccl":
         summary["transport"] = transports
-    status, reason, figures = _verdict(found, nodes, transports, user)
+    status, reason, figures = _verdict(found, nodes, transports, run.user)
     summary.update(status=status, reason=reason, figures=figures)
     shown = ("nccl_network", "rdma_devices", "rdma_reachable") if found["backend"] == "nccl" else ()
     per_host = {n.name: {**figures, **{key: transports.get(n.name, {}).get(key) for key in shown}} for n in nodes}
@@ -454,7 +518,7 @@ def _socket_fallbacks(transports: dict) -> dict[str, str]:
 
 
 def nodes_for(runs: list, hosts: list, settings_of) -> list[Node]:
-    """A Node for each host from its validation run (a HostValidation, or None when the host failed before the
+    """A Node for each host from its validation run (a ValidationRecord, or None when the host failed before the
     suite); `settings_of(host)` gives its ValidateVars (cluster address)."""
     out = []
     for host, run in zip(hosts, runs, strict=True):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 
 # A shell function: `secure PATH` succeeds when PATH and every folder above it, followed through symlinks
 # (the path as given and its real path), are owned by root and writable by root alone; else it prints why.
@@ -76,12 +76,7 @@ class Remote:
         """The host's SFTP client over its existing SSH connection (Fabric memoizes it and closes it with
         the connection)."""
         if self._sftp is None:
-            opener = getattr(self.conn, "sftp", None)
-            if callable(opener):
-                self._sftp = opener()
-            else:
-                self.conn.open()
-                self._sftp = self.conn._conn.sftp()  # Fabric's SFTP client of the HostConnection's session
+            self._sftp = self.conn.sftp()
         return self._sftp
 
     def put_file(self, local: Path, remote: str) -> None:

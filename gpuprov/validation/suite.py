@@ -9,7 +9,7 @@ import math
 import shlex
 from importlib import resources
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 from gpuprov.validation import LAYOUT, Layout
 
 OUTPUT_TAIL = 16384   # characters of a failed run's output kept in its error (the tail)
@@ -96,7 +96,7 @@ def push_suite(remote, current: str | None, layout: Layout = LAYOUT, files: dict
 
 
 def write_config(remote, config: dict, layout: Layout = LAYOUT) -> None:
-    from gpuprov.json_text import dump_json
+    from gpuprov.core.json_text import dump_json
 
     remote.write_text(dump_json(config, sort_keys=True) + "\n", layout.config, step="suite config")
 
@@ -130,7 +130,7 @@ def parse_document(host: str, stdout: str, stderr: str = "", rc: int = 0, comman
     (gpuprov.validation.document: types, finite numbers, known statuses, bounded sizes, figures within the GPU's
     datasheet). The runner exits non-zero when a check failed, so the exit code alone decides nothing. Anything
     else is a GpuprovError of the host, with the tail of its output."""
-    from gpuprov.connection import output_cut
+    from gpuprov.core.connection import output_cut
     from gpuprov.validation.document import DocumentError, suite_document
 
     def fail(why: str, hint: str = "read the output above; a missing module means the venv or image lacks it"):

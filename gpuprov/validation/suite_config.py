@@ -1,8 +1,8 @@
 """Each host's suite config: what the suite on the host expects, built from the inventory, the host's lock or
 resolved stack, its facts and the GPU catalog.
 
-Inventory variables read here (free-form variables: the inventory keeps them as they are, and they are
-checked here, naming the host and where the value came from):
+Inventory variables read here (declared by gpuprov.validation.variables and checked when the inventory is
+loaded, so `validate_vars` only reads them):
 
     workload: llm-finetune | cv | recsys | inference     the sizing rules the suite applies
     data_dir: /data                                      the data folder that should sit on local NVMe
@@ -33,33 +33,23 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
-from gpuprov.errors import InputError
-from gpuprov.inventory.checks import MAX_SECONDS, number_problem, shared_folder_problem, url_problem
-from gpuprov.secrets import register_url
+from gpuprov.core.errors import InputError
+from gpuprov.validation.variables import DEFAULT_TEXTFILE_DIR
+from gpuprov.validation.variables import IMAGE_PATTERN as IMAGE_PATTERN  # tasks/validate.py checks --image with it
 
-WORKLOADS = ("llm-finetune", "cv", "recsys", "inference")
 LEVELS = ("quick", "burn-in")
 DEFAULT_THRESHOLD_PCT = 80.0
 DEFAULT_OUTLIER_PCT = 10.0
-DEFAULT_TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
 DEFAULT_SHM_MIN_GIB = 8.0
 DEFAULT_RDZV_PORT = 29400
 TORCH_INDEX = "https://download.pytorch.org/whl/{wheel}"
-VALIDATE_KEYS = ("threshold_pct", "outlier_pct", "textfile_dir", "image", "image_ulimits", "shm_min_gib",
-                 "torch_wheel", "torch_version", "torch_index", "rdzv_port", "sizing", "min_batching_gain",
-                 "dcgm_level", "burn_in_seconds", "nccl_tests")
-SIZING_KEYS = ("cpu_cores_per_gpu", "memory_gib_per_gpu", "gpu_memory_gib")
-_PATH = re.compile(r"/[A-Za-z0-9_.+@/-]*")
-IMAGE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}")
-_WHEEL = re.compile(r"cpu|cu\d{3}|rocm\d+(\.\d+)*")
-_RELEASE = re.compile(r"\d+\.\d+(\.\d+)?")
+_NUMBERS = ("outlier_pct", "shm_min_gib", "min_batching_gain", "burn_in_seconds")
 
 
 @dataclass(frozen=True)
 class ValidateVars:
-    """A host's validation settings from its inventory variables, checked."""
+    """A host's validation settings: its inventory variables (checked at load) with their defaults."""
 
     threshold_pct: float | dict = DEFAULT_THRESHOLD_PCT
     outlier_pct: float = DEFAULT_OUTLIER_PCT
@@ -94,144 +84,27 @@ class ValidateVars:
         return float(self.threshold_pct.get("default", DEFAULT_THRESHOLD_PCT))
 
 
-def _bad(host, key: str, message: str) -> InputError:
-    source = host.sources.get(key.split(".")[0], "inventory")
-    return InputError(f"variable {key} ({source}): {message}", host=host.name, step="validate config",
-                      hint="fix the variable in the inventory (invoke inventory.show --host "
-                           f"{host.name} shows where it comes from)")
-
-
-def _number(host, key: str, value: Any, low: float, high: float | None = None) -> float:
-    problem = number_problem(value, low, high)
-    if problem:
-        raise _bad(host, key, problem)
-    return float(value)
-
-
-def _path(host, key: str, value: Any) -> str:
-    if not isinstance(value, str) or not _PATH.fullmatch(value) or "/../" in f"{value}/":
-        raise _bad(host, key, f"must be an absolute path (letters, digits, _ . + @ / -), not {value!r}")
-    return value.rstrip("/") or "/"
-
-
-def _textfile_dir(host, value: Any) -> str:
-    """node_exporter's textfile folder: root writes into it and node_exporter publishes what it holds, so a
-    folder anyone may write into (/tmp, /var/tmp, /dev/shm) is refused: another user could plant metrics for
-    this host or swap the file for a link."""
-    folder = _path(host, "validate.textfile_dir", value)
-    problem = shared_folder_problem(folder)
-    if problem:
-        raise _bad(host, "validate.textfile_dir", f"{problem}; give a folder only root writes, like "
-                                                  f"{DEFAULT_TEXTFILE_DIR}")
-    return folder
-
-
 def validate_vars(host) -> ValidateVars:
-    """The host's `validate`, `workload`, `data_dir` and `cluster_address` variables, checked (InputError)."""
-    from gpuprov.catalog import lookup
-    from gpuprov.inventory import is_valid_address
-
-    raw = host.vars.get("validate") or {}
-    if not isinstance(raw, dict):
-        raise _bad(host, "validate", f"must be a mapping with keys {', '.join(VALIDATE_KEYS)}")
-    unknown = sorted(set(raw) - set(VALIDATE_KEYS))
-    if unknown:
-        raise _bad(host, "validate", f"unknown key(s) {', '.join(map(str, unknown))}; known: "
-                                     f"{', '.join(VALIDATE_KEYS)}")
-    out: dict[str, Any] = {}
-    if "threshold_pct" in raw:
-        value = raw["threshold_pct"]
-        if isinstance(value, dict):
-            for name, pct in value.items():
-                if name != "default":
-                    try:
-                        lookup(name)
-                    except InputError as exc:
-                        raise _bad(host, f"validate.threshold_pct.{name}", exc.message) from None
-                _number(host, f"validate.threshold_pct.{name}", pct, 0, 100)
-            out["threshold_pct"] = dict(value)
-        else:
-            out["threshold_pct"] = _number(host, "validate.threshold_pct", value, 0, 100)
-    if "outlier_pct" in raw:
-        out["outlier_pct"] = _number(host, "validate.outlier_pct", raw["outlier_pct"], 0, 100)
-    if "textfile_dir" in raw:
-        out["textfile_dir"] = _textfile_dir(host, raw["textfile_dir"])
-    if raw.get("image") is not None:
-        if not isinstance(raw["image"], str) or not IMAGE_PATTERN.fullmatch(raw["image"]):
-            raise _bad(host, "validate.image", f"must be an image reference like repo/name:tag, not "
-                                               f"{raw['image']!r}")
-        out["image"] = raw["image"]
-    if raw.get("image_ulimits") is not None:
-        limits = raw["image_ulimits"]
-        if not isinstance(limits, dict) or not all(isinstance(k, str) and re.fullmatch(r"[a-z]+", k)
-                                                   for k in limits):
-            raise _bad(host, "validate.image_ulimits", "must be a mapping of ulimit names (memlock, stack, nofile) "
-                                                       "to numbers")
-        for name, value in limits.items():
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not
-                                      -1 <= value < 2**63):
-                raise _bad(host, f"validate.image_ulimits.{name}", f"must be a whole number (-1: unlimited) or "
-                                                                    f"null (the engine's default), not {value!r}")
-        out["image_ulimits"] = dict(limits)
-    if "shm_min_gib" in raw:
-        out["shm_min_gib"] = _number(host, "validate.shm_min_gib", raw["shm_min_gib"], 0)
-    if raw.get("torch_wheel") is not None:
-        if not isinstance(raw["torch_wheel"], str) or not _WHEEL.fullmatch(raw["torch_wheel"]):
-            raise _bad(host, "validate.torch_wheel", f"must be cpu or a CUDA variant like cu128, not "
-                                                     f"{raw['torch_wheel']!r}")
-        out["torch_wheel"] = raw["torch_wheel"]
-    if raw.get("torch_version") is not None:
-        text = str(raw["torch_version"])
-        if text != "latest" and not _RELEASE.fullmatch(text):
-            raise _bad(host, "validate.torch_version", f"must be a release like \"2.7\" or latest, not {text!r}")
-        out["torch_version"] = text
-    if "torch_index" in raw:
-        index = raw["torch_index"]
-        if index is not None and not (isinstance(index, str) and (index == "" or url_problem(index) is None)):
-            raise _bad(host, "validate.torch_index", f"must be an http:// or https:// URL, or \"\", not {index!r}")
-        register_url(index)   # its credentials are masked in every output from now on
-        out["torch_index"] = index
-    if "rdzv_port" in raw:
-        port = raw["rdzv_port"]
-        if isinstance(port, bool) or not isinstance(port, int) or not 1024 <= port <= 65535:
-            raise _bad(host, "validate.rdzv_port", f"must be a port from 1024 to 65535, not {port!r}")
-        out["rdzv_port"] = port
-    if raw.get("sizing") is not None:
-        sizing = raw["sizing"]
-        if not isinstance(sizing, dict) or set(sizing) - set(SIZING_KEYS):
-            raise _bad(host, "validate.sizing", f"must be a mapping with keys among {', '.join(SIZING_KEYS)}")
-        out["sizing"] = {key: _number(host, f"validate.sizing.{key}", value, 0) for key, value in sizing.items()}
-    if raw.get("min_batching_gain") is not None:
-        out["min_batching_gain"] = _number(host, "validate.min_batching_gain", raw["min_batching_gain"], 0)
-    if raw.get("burn_in_seconds") is not None:
-        out["burn_in_seconds"] = _number(host, "validate.burn_in_seconds", raw["burn_in_seconds"], 0, MAX_SECONDS)
-    if raw.get("dcgm_level") is not None:
-        level = raw["dcgm_level"]
-        if isinstance(level, bool) or level not in (1, 2, 3, 4):
-            raise _bad(host, "validate.dcgm_level", f"must be 1, 2, 3 or 4 (dcgmi diag -r), not {level!r}")
-        out["dcgm_level"] = level
-    if raw.get("nccl_tests") is not None:
-        out["nccl_tests"] = _path(host, "validate.nccl_tests", raw["nccl_tests"])
-    workload = host.vars.get("workload")
-    if workload is not None and workload not in WORKLOADS:
-        raise _bad(host, "workload", f"must be one of {', '.join(WORKLOADS)}, not {workload!r}")
-    data_dir = host.vars.get("data_dir")
-    if data_dir is not None:
-        data_dir = _path(host, "data_dir", data_dir)
-    cluster = host.vars.get("cluster_address", host.address)
-    # the SSH address may carry its interface (fe80::1%eth0, checked by the inventory); one given for the
-    # cluster is dialled by the other hosts, where this host's interface name means nothing
-    if not is_valid_address(cluster, zone="cluster_address" not in host.vars):
-        raise _bad(host, "cluster_address", f"must be an IP address or host name (with no IPv6 zone: other "
-                                              f"hosts reach it), not {cluster!r}")
-    return ValidateVars(**out, workload=workload, data_dir=data_dir, cluster_address=cluster,
-                        sources=dict(host.sources))
+    """The host's `validate`, `workload`, `data_dir` and `cluster_address` variables (checked when the inventory was
+    loaded: gpuprov.validation.variables) with their defaults; numbers as floats."""
+    values = {key: value for key, value in (host.vars.get("validate") or {}).items() if value is not None}
+    values.update({key: float(values[key]) for key in _NUMBERS if key in values})
+    threshold = values.get("threshold_pct")
+    if isinstance(threshold, dict):
+        values["threshold_pct"] = {name: float(pct) for name, pct in threshold.items()}
+    elif threshold is not None:
+        values["threshold_pct"] = float(threshold)
+    if "sizing" in values:
+        values["sizing"] = {key: float(value) for key, value in values["sizing"].items()}
+    return ValidateVars(**values, workload=host.vars.get("workload"), data_dir=host.vars.get("data_dir"),
+                        cluster_address=host.vars.get("cluster_address") or host.address, sources=dict(host.sources))
 
 
 # -------------------------------------------------------------------------------------------- expectations
 
 def gpu_model(host, stack: dict | None):
-    """The catalog model the inventory's hardware.gpu names, else the stack's; None when neither does."""
+    """The catalog model the inventory's hardware.gpu names (a catalog name: checked at load), else the stack's;
+    None when neither does. InputError when a lock names a model the catalog does not know."""
     from gpuprov.catalog import lookup
 
     name = (host.vars.get("hardware") or {}).get("gpu") or ((stack or {}).get("gpu") or {}).get("model")
@@ -240,7 +113,8 @@ def gpu_model(host, stack: dict | None):
     try:
         return lookup(name)
     except InputError as exc:
-        raise _bad(host, "hardware.gpu", exc.message) from None
+        raise InputError(f"GPU model {name!r}: {exc.message}", host=host.name, step="validate config",
+                         hint="name a catalog model in the host's hardware.gpu, or lock its stack again") from None
 
 
 def datasheet(model) -> dict:

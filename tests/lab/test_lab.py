@@ -148,7 +148,7 @@ def test_stop_and_start_host(lab):
 
 
 def test_unknown_host_is_bad_input(lab):
-    from gpuprov.errors import InputError
+    from gpuprov.core.errors import InputError
 
     with pytest.raises(InputError):
         gpuprov.lab.stop_host("gpuprov-lab-99")

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from gpuprov.facts.parsers import parse_nvidia_smi
+from gpuprov.facts.parsers import parse_nvidia_smi_xml
 
 pytestmark = pytest.mark.lab
 
@@ -152,8 +152,8 @@ def test_mirror_serves_standins_and_simulates_driver_upgrade(lab, mirror_host):
     installed = ok(host, f"dpkg-query -W -f='${{Version}}' {old.name}")
     assert installed == old.version
 
-    rc, text = sh(host, "nvidia-smi -q")
-    smi = parse_nvidia_smi(f"{text}\n@@rc={rc}\n")
+    rc, text = sh(host, "nvidia-smi -q -x")
+    smi = parse_nvidia_smi_xml(text, rc)
     assert rc == 0, text
     assert smi["driver_version"] == old.upstream
     assert vkey(smi["cuda_version"]) >= (12,)
@@ -186,14 +186,15 @@ def test_mirror_serves_standins_and_simulates_driver_upgrade(lab, mirror_host):
     rc, text = sh(host, "nvidia-smi -q")
     assert rc == 18, text
     assert "Failed to initialize NVML: Driver/library version mismatch" in text
-    assert "error" in parse_nvidia_smi(f"{text}\n@@rc={rc}\n")
+    rc, text = sh(host, "nvidia-smi -q -x")
+    assert rc == 18 and "error" in parse_nvidia_smi_xml(text, rc)
 
     # A reboot (container restart: /run is tmpfs) loads the new driver.
     host.restart(timeout=10)
     wait_booted(host)
-    rc, text = sh(host, "nvidia-smi -q")
+    rc, text = sh(host, "nvidia-smi -q -x")
     assert rc == 0, text
-    assert parse_nvidia_smi(f"{text}\n@@rc=0\n")["driver_version"] == new.upstream
+    assert parse_nvidia_smi_xml(text, rc)["driver_version"] == new.upstream
 
 
 # ------------------------------------------------------------------------------------------- Docker
@@ -288,9 +289,9 @@ def test_the_driver_metapackage_pulls_its_libraries_at_its_version(stack_host, n
                  "xserver-xorg-video-nvidia", f"nvidia-firmware-{driver['version']}"):
         assert now.get(name) == version, (name, now.get(name))
     assert now.get("dkms")
-    rc, text = sh(host, "nvidia-smi -q")
+    rc, text = sh(host, "nvidia-smi -q -x")
     assert rc == 0, text
-    assert parse_nvidia_smi(f"{text}\n@@rc=0\n")["driver_version"] == driver["version"]
+    assert parse_nvidia_smi_xml(text, rc)["driver_version"] == driver["version"]
     # nvidia-smi belongs to nvidia-utils, the driver version to libnvidia-compute (as in NVIDIA's packages)
     assert ok(host, "dpkg -S /usr/bin/nvidia-smi").split(":")[0] == "nvidia-utils"
     assert ok(host, "dpkg -S /usr/lib/gpuprov-lab/driver-version").split(":")[0] == "libnvidia-compute"

@@ -76,9 +76,9 @@ def run_json(fleet: Fleet, *args: str, inventory: Path | None = None, check_code
 def prometheus(fleet: Fleet):
     """Prometheus on host a, through gpuprov's SSH connection to it (the controller reaches lab hosts on 127.0.0.1
     only)."""
-    from gpuprov.connection import HostConnection
+    from gpuprov.core.connection import HostConnection
+    from gpuprov.core.known_hosts import read_known_hosts
     from gpuprov.inventory import load_inventory
-    from gpuprov.known_hosts import read_known_hosts
     from gpuprov.monitoring.query import through_ssh
 
     inv = load_inventory(fleet.two)

@@ -64,7 +64,8 @@ def simulate_driver(container: str) -> None:
     """The lab's simulated driver on a host, as its stand-in packages install it (tests/unit/
     test_host_python_versions.py lays out the same files): nvidia-smi, the driver's version, the GPU table of
     the lab profiles, the loaded module and persistence mode."""
-    from gpuprov.lab.standins import FILES, gpu_profiles_table
+    from gpuprov.lab.smi_answers import gpu_profiles_table
+    from gpuprov.lab.standins import FILES
 
     files = {"/usr/bin/nvidia-smi": (FILES / "nvidia-smi").read_text(encoding="utf-8"),
              "/usr/lib/gpuprov-lab/driver-version": f"{DRIVER}\n", "/usr/lib/gpuprov-lab/driver-cuda-version": "13.1\n",
@@ -96,11 +97,11 @@ def suite_run(fleet, lab_host, wheels: Path, only: str | None = None):
     """(the probe's HostPython, the suite's document) of one host, reached as validate reaches it: facts, the root
     probe of its python3, the venv from the wheel set, the suite pushed, its config written, the quick suite run by
     validate's command."""
-    from gpuprov.connection import HostConnection
+    from gpuprov.core.connection import HostConnection
+    from gpuprov.core.known_hosts import read_known_hosts
     from gpuprov.facts.gather import gather
     from gpuprov.inventory import load_inventory
-    from gpuprov.known_hosts import read_known_hosts
-    from gpuprov.ops import MANAGED_FILES
+    from gpuprov.provision.ops import MANAGED_FILES
     from gpuprov.validation.env import ensure_env, probe_host
     from gpuprov.validation.remote import Remote
     from gpuprov.validation.suite import push_suite, run_suite, suite_command, write_config

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import pytest
-from helpers.tasks import FakeConnection
+from helpers.local_host import LocalConn
 
 
 @pytest.fixture
 def contacted(monkeypatch) -> list[str]:
-    """Every host a task connects to (a FakeConnection each)."""
+    """Every host a task connects to (a LocalConn each, answering every command with nothing)."""
     calls: list[str] = []
 
     def connect(host, *args, **kwargs):
         calls.append(host.name)
-        return FakeConnection(host)
+        return LocalConn(host, answer=lambda command, stdin: "")
 
-    monkeypatch.setattr("gpuprov.executor.connect", connect)
+    monkeypatch.setattr("gpuprov.core.executor.connect", connect)
     return calls

@@ -5,12 +5,12 @@ import subprocess
 import pytest
 from helpers.ops import bare_facts, make_repo, make_stack
 
-from gpuprov.apply import batch_script, parse_steps
-from gpuprov.errors import InputError, mask_credentials
-from gpuprov.executor import failure_budget
-from gpuprov.ops import Change
-from gpuprov.plan import prepare_changes
-from gpuprov.preflight import evaluate, parse_probe, probe_command
+from gpuprov.core.apply import batch_script, parse_steps
+from gpuprov.core.errors import InputError, mask_credentials
+from gpuprov.core.executor import failure_budget
+from gpuprov.provision.ops import Change
+from gpuprov.provision.plan import prepare_changes
+from gpuprov.provision.preflight import evaluate, parse_probe, probe_command
 
 
 def run_locally(script: str) -> subprocess.CompletedProcess:
@@ -129,7 +129,7 @@ def test_a_reboot_change_leaves_the_reboot_required_mark():
 
 
 def test_errors_never_show_url_credentials():
-    from gpuprov.errors import GpuprovError
+    from gpuprov.core.errors import GpuprovError
 
     error = GpuprovError("apt failed", host="gpu01", step="sources",
                          command="curl --proxy http://ops:s3cret@proxy:3128 https://mirror/key",

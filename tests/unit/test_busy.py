@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.apply import batch_script, parse_steps
-from gpuprov.busy import REFUSED_RC, guard, running_work
-from gpuprov.ops import Change
-from gpuprov.provision import HostRun, Options, _decide_reboot, _split_refused
+from gpuprov.core.apply import batch_script, parse_steps
+from gpuprov.core.busy import REFUSED_RC, guard, running_work
+from gpuprov.provision.ops import Change
+from gpuprov.provision.run import Options, ProvisionRecord, _decide_reboot, _split_refused
 
 IDLE = {"os": {"family": "debian"}, "gpu_processes": [], "gpu_device_users": [], "containers": [],
         "slurm_jobs": None, "docker": {"active": True}}
@@ -116,7 +116,7 @@ def test_guard_is_plain_sh():
 
 
 def decide(facts: dict, reboot: str = "if-needed", applied: bool = False, disrupt: bool = False):
-    run = HostRun("gpu01", facts_after=IDLE | facts)
+    run = ProvisionRecord("gpu01", facts_after=IDLE | facts)
     return _decide_reboot(run, Options(reboot=reboot, disrupt=disrupt), applied), run
 
 
@@ -169,7 +169,7 @@ def test_gpu_daemons_count_by_their_cut_comm_name_too():
 
 
 def test_the_only_help_lists_every_component():
-    from gpuprov.ops import COMPONENTS
+    from gpuprov.provision.ops import COMPONENTS
     from gpuprov.tasks.provision import ONLY_CHOICES
 
     assert ONLY_CHOICES.split(",") == list(COMPONENTS)

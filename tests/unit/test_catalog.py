@@ -12,7 +12,7 @@ from gpuprov.catalog import (
     models,
     nvswitch_generation,
 )
-from gpuprov.errors import InputError
+from gpuprov.core.errors import InputError
 
 
 @pytest.mark.parametrize("name,key", [

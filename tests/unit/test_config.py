@@ -16,7 +16,7 @@ from invoke import Config, Context
 from invoke.exceptions import Exit
 
 from gpuprov import __version__
-from gpuprov.config import settings
+from gpuprov.core.config import settings
 from gpuprov.program import GpuprovProgram
 from gpuprov.tasks import facts as facts_tasks
 from gpuprov.tasks import inventory as inventory_tasks
@@ -55,7 +55,7 @@ def clean_environment(monkeypatch, tmp_path):
 @pytest.fixture
 def contacted(monkeypatch) -> list:
     """Every call of the executor (the only way to a host); a test of bad input expects none."""
-    import gpuprov.executor
+    import gpuprov.core.executor
 
     calls: list = []
 
@@ -63,7 +63,7 @@ def contacted(monkeypatch) -> list:
         calls.append((hosts, settings))
         return []
 
-    monkeypatch.setattr(gpuprov.executor, "run_on_hosts", record)
+    monkeypatch.setattr(gpuprov.core.executor, "run_on_hosts", record)
     return calls
 
 

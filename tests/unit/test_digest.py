@@ -1,4 +1,4 @@
-"""gpuprov.digest: the one SHA-256 of a file, judged by coreutils' sha256sum and the FIPS 180-2 vector."""
+"""gpuprov.core.digest: the one SHA-256 of a file, judged by coreutils' sha256sum and the FIPS 180-2 vector."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from gpuprov.digest import file_sha256
+from gpuprov.core.digest import file_sha256
 
 
 def test_the_published_vector_of_abc(tmp_path):

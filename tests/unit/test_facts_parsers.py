@@ -1,67 +1,34 @@
-"""Fact parsers on captured command output (pyinfra style): real nvidia-smi and lspci outputs."""
+"""Fact parsers on captured command output (pyinfra style): real nvidia-smi and lspci outputs; the base facts
+document from a facts script's output as the composer lays it out."""
 
 import base64
 import shlex
 
 import pytest
 
-from gpuprov.facts.gather import facts_command
+from gpuprov.facts.base import REGISTRY
+from gpuprov.facts.gather import DEFAULT, facts_command, parse_facts
 from gpuprov.facts.parsers import (
-    parse_facts,
     parse_lspci,
-    parse_nvidia_smi,
+    parse_nvidia_smi_xml,
     parse_nvrm,
     parse_os_release,
     parse_packages,
     parse_secure_boot,
     parse_services,
-    split_sections,
 )
-
-SMI = "nvidia-smi-q/"
-
-
-@pytest.mark.parametrize(("name", "driver", "cuda", "count", "gpu_name", "mem", "persistence", "ecc"), [
-    ("h100-sxm5-80gb-hgx8_nvidia-smi-q_535.183.01.txt", "535.183.01", "12.2", 8, "NVIDIA H100 80GB HBM3",
-     81559, True, True),
-    ("h100-sxm5-80gb-hgx8_nvidia-smi-q_535.161.08_hw-slowdown-power-brake-active.txt", "535.161.08", "12.2", 8,
-     "NVIDIA H100 80GB HBM3", 81559, True, True),
-    ("h100-sxm5-80gb_nvidia-smi-q_590.48.01_load.txt", "590.48.01", "13.1", 1, "NVIDIA H100 80GB HBM3",
-     81559, True, True),
-    ("h200-sxm-141gb_nvidia-smi-q_590.48.01_idle.txt", "590.48.01", "13.1", 1, "NVIDIA H200", 143771, True, True),
-    ("l40s_nvidia-smi-q_595.80_idle.txt", "595.80", "13.2", 1, "NVIDIA L40S", 46068, False, True),
-    ("a10_nvidia-smi-q_535.129.03.txt", "535.129.03", "12.2", 1, "NVIDIA A10", 23028, True, True),
-    ("rtx-4090-x8_nvidia-smi-q_535.154.05_sw-power-cap-active.txt", "535.154.05", "12.2", 8,
-     "NVIDIA GeForce RTX 4090", 24564, True, False),
-])
-def test_nvidia_smi_q_fixtures(fixture_text, name, driver, cuda, count, gpu_name, mem, persistence, ecc):
-    smi = parse_nvidia_smi(fixture_text(SMI + name) + "@@rc=0\n")
-    assert smi["driver_version"] == driver
-    assert smi["cuda_version"] == cuda
-    assert len(smi["gpus"]) == count
-    first = smi["gpus"][0]
-    assert first["name"] == gpu_name
-    assert first["memory_total_mib"] == mem
-    assert first["persistence_mode"] is persistence
-    assert first["ecc_mode"] is ecc
-    assert first["uuid"].startswith("GPU-")
-    assert [gpu["index"] for gpu in smi["gpus"]] == list(range(count))
-
-
-def test_nvidia_smi_hgx_bus_ids_are_distinct(fixture_text):
-    smi = parse_nvidia_smi(fixture_text(SMI + "h100-sxm5-80gb-hgx8_nvidia-smi-q_535.183.01.txt"))
-    assert len({gpu["bus_id"] for gpu in smi["gpus"]}) == 8
-    assert smi["gpus"][0]["bus_id"] == "00000000:53:00.0"
+from gpuprov.facts.providers import FactArgs, split_output
 
 
 def test_nvidia_smi_failure_is_a_fact():
-    smi = parse_nvidia_smi("Failed to initialize NVML: Driver/library version mismatch\n"
-                           "NVML library version: 570.148\n@@rc=18\n")
-    assert smi == {"error": "Failed to initialize NVML: Driver/library version mismatch; NVML library version: 570.148"}
+    xml = parse_nvidia_smi_xml("Failed to initialize NVML: Driver/library version mismatch\n"
+                               "NVML library version: 570.148\n", 18)
+    assert xml == {"error": "Failed to initialize NVML: Driver/library version mismatch; NVML library version: 570.148"}
+    assert parse_nvidia_smi_xml("", 124) == {"error": "exit code 124"}
 
 
 def test_nvidia_smi_missing_is_null():
-    assert parse_nvidia_smi("") is None
+    assert parse_nvidia_smi_xml("", 127) is None
 
 
 def test_lspci_a100_hgx_counts_gpus_and_nvswitches(fixture_text):
@@ -134,31 +101,42 @@ def test_secure_boot_and_services():
     assert services["nvidia-dcgm"] == {"exists": True, "enabled": False, "active": False}
 
 
-def _output(**sections: str) -> str:
-    return "".join(f"\n@@gpuprov:{name}\n{body}\n" for name, body in sections.items())
+def _output(answers: dict[str, tuple[str, int]] | None = None, complete: bool = True) -> str:
+    """A base facts script's output as the composer lays it out: each command's (output, exit status) by the name
+    of a fact that reads it; a command not given answers nothing with 127 (its tool is missing)."""
+    answers = answers or {}
+    parts = ["@@gpuprov-facts:" + " ".join(DEFAULT)]
+    for readers in REGISTRY.commands(DEFAULT, FactArgs()).values():
+        text, rc = next((answers[name] for name in readers if name in answers), ("", 127))
+        parts.append(f"\n@@gpuprov:{' '.join(readers)}\n{text}\n@@gpuprov-rc:{rc}")
+    if complete:
+        parts.append("\n@@gpuprov:end")
+    return "\n".join(parts) + "\n"
 
 
 def test_bare_host_facts_are_nulls_not_failures():
-    text = _output(**{"os-release": 'ID=debian\nVERSION_ID="12"', "uname": "6.1.0-18-amd64\nx86_64", "cpus": "2",
-                      "meminfo": "MemTotal:       24576000 kB", "lspci": "", "nvidia-smi": "", "nvrm": "",
-                      "modules": "", "packages": "", "secure-boot": "bios",
-                      "kernel-headers": "no", "docker": "", "ctk": "", "services": "", "end": ""})
+    text = _output({"os": ('ID=debian\nVERSION_ID="12"', 0), "kernel": ("6.1.0-18-amd64", 0), "arch": ("x86_64", 0),
+                    "cpus": ("2", 0), "mem_total_mib": ("MemTotal:       24576000 kB", 0),
+                    "secure_boot": ("bios", 0), "kernel_headers": ("no", 0)})
     facts = parse_facts("gpu01", text)
+    assert facts["host"] == "gpu01"
     assert facts["os"]["key"] == "debian-12"
+    assert (facts["kernel"], facts["arch"], facts["cpus"]) == ("6.1.0-18-amd64", "x86_64", 2)
     assert facts["mem_total_mib"] == 24000
     assert facts["nvidia_smi"] is None and facts["docker"] is None and facts["fabricmanager"] is None
     assert facts["container_toolkit"] is None and facts["loaded_driver_version"] is None
     assert facts["kernel_headers"] is False and facts["secure_boot"] is False
     assert facts["complete"] is True
+    assert facts["notices"] == []  # missing tools are facts, not failures
 
 
 def test_managed_files_round_trip_and_docker_runtimes():
     daemon = '{"runtimes": {"nvidia": {"path": "nvidia-container-runtime"}}}'
     encoded = base64.b64encode(daemon.encode()).decode()
-    text = _output(**{"docker": "Docker version 26.1.5+dfsg1, build a72d7cd",
-                      "services": "Id=docker.service\nLoadState=loaded\nUnitFileState=enabled\nActiveState=active",
-                      "file /etc/docker/daemon.json": f"present\n{encoded}",
-                      "file /etc/apt/preferences.d/gpuprov-nvidia": "", "end": ""})
+    text = _output({"dockerd_version": ("Docker version 26.1.5+dfsg1, build a72d7cd", 0),
+                    "services": ("Id=docker.service\nLoadState=loaded\nUnitFileState=enabled\nActiveState=active", 0),
+                    "files": (f"@@file /etc/docker/daemon.json\npresent\n{encoded}\n"
+                              "@@file /etc/apt/preferences.d/gpuprov-nvidia\n", 0)})
     facts = parse_facts("gpu01", text)
     assert facts["files"] == {"/etc/docker/daemon.json": daemon, "/etc/apt/preferences.d/gpuprov-nvidia": None}
     assert facts["docker"] == {"version": "26.1.5", "active": True, "daemon_json": {"runtimes": {
@@ -168,24 +146,24 @@ def test_managed_files_round_trip_and_docker_runtimes():
 
 def test_running_daemon_runtimes_and_what_nvidia_ctk_would_write():
     written = '{"log-driver": "json-file", "runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}}'
-    text = _output(**{"docker": "Docker version 20.10.24+dfsg1, build 297e128",
-                      # `docker info --format '{{json .Runtimes}}'` as Docker 20.10 prints it
-                      "docker-runtimes": '{"io.containerd.runc.v2":{"path":"runc"},"runc":{"path":"runc"}}',
-                      "ctk-daemon-json": base64.b64encode(written.encode()).decode(), "end": ""})
+    text = _output({"dockerd_version": ("Docker version 20.10.24+dfsg1, build 297e128", 0),
+                    # `docker info --format '{{json .Runtimes}}'` as Docker 20.10 prints it
+                    "docker_runtimes": ('{"io.containerd.runc.v2":{"path":"runc"},"runc":{"path":"runc"}}', 0),
+                    "ctk_daemon_json": (base64.b64encode(written.encode()).decode(), 0)})
     docker = parse_facts("gpu01", text)["docker"]
     assert docker["live_runtimes"] == ["io.containerd.runc.v2", "runc"]
     assert docker["ctk_daemon_json"] == written
 
 
 def test_gpu_work_on_the_host():
-    text = _output(**{
+    text = _output({
         # nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits
-        "gpu-processes": "12345, /usr/bin/python3, 40960\n23456, python, 512\n@@rc=0",
-        "device-users": "12345 python3\n999 nvidia-persistenced",
-        "containers": "3f2a1b\ttrainer\tnvcr.io/nvidia/pytorch:25.01-py3\n@@rc=0",
-        "slurm": "4242 alice train-llm\n@@rc=0",
-        "reboot-required": "yes", "reboot-required-pkgs": "linux-image-6.1.0-28-amd64\nlibc6",
-        "gpuprov-reboot-pending": "driver 570.148.08", "end": ""})
+        "gpu_processes": ("12345, /usr/bin/python3, 40960\n23456, python, 512", 0),
+        "gpu_device_users": ("12345 python3\n999 nvidia-persistenced", 0),
+        "containers": ("3f2a1b\ttrainer\tnvcr.io/nvidia/pytorch:25.01-py3", 0),
+        "slurm_jobs": ("4242 alice train-llm", 0),
+        "reboot_required": ("yes", 0), "reboot_required_pkgs": ("linux-image-6.1.0-28-amd64\nlibc6", 0),
+        "gpuprov_reboot_pending": ("driver 570.148.08", 0)})
     facts = parse_facts("gpu01", text)
     assert facts["gpu_processes"] == [
         {"pid": 12345, "process_name": "/usr/bin/python3", "used_memory_mib": 40960},
@@ -194,37 +172,43 @@ def test_gpu_work_on_the_host():
                                          {"pid": 999, "process_name": "nvidia-persistenced"}]
     assert facts["containers"] == [{"id": "3f2a1b", "name": "trainer", "image": "nvcr.io/nvidia/pytorch:25.01-py3"}]
     assert facts["slurm_jobs"] == ["4242 alice train-llm"]
+    assert facts["reboot_required"] is True
     assert facts["reboot_required_pkgs"] == ["linux-image-6.1.0-28-amd64", "libc6"]
     assert facts["gpuprov_reboot_pending"] == ["driver 570.148.08"]
 
 
 def test_tools_that_cannot_answer_are_unknown_not_idle():
-    facts = parse_facts("gpu01", _output(**{"gpu-processes": "@@rc=9", "containers": "@@rc=1", "slurm": "",
-                                            "end": ""}))
+    facts = parse_facts("gpu01", _output({"gpu_processes": ("", 9), "containers": ("", 1)}))
     assert facts["gpu_processes"] is None and facts["containers"] is None and facts["slurm_jobs"] is None
-    idle = parse_facts("gpu01", _output(**{"gpu-processes": "@@rc=0", "containers": "@@rc=0", "end": ""}))
+    assert facts["notices"] == ["gpu_processes: nvidia-smi --query-compute-apps exited 9",
+                                "containers: docker ps exited 1"]  # squeue missing (127): a fact, no notice
+    idle = parse_facts("gpu01", _output({"gpu_processes": ("", 0), "containers": ("", 0)}))
     assert idle["gpu_processes"] == [] and idle["containers"] == []
 
 
 def test_truncated_output_is_incomplete():
-    assert parse_facts("gpu01", _output(uname="6.1.0\nx86_64"))["complete"] is False
+    assert parse_facts("gpu01", _output({"kernel": ("6.1.0", 0)}, complete=False))["complete"] is False
 
 
-def test_split_sections_keeps_order_and_bodies():
-    assert split_sections("\n@@gpuprov:a\none\ntwo\n\n@@gpuprov:b\n\n") == {"a": "one\ntwo", "b": ""}
+def test_split_output_reads_each_command_once_with_its_status():
+    output = ("@@gpuprov-facts:a b c\n\n@@gpuprov:a b\none\ntwo\n\n@@gpuprov-rc:0\n"
+              "\n@@gpuprov:c\n\n@@gpuprov-rc:127\n\n@@gpuprov:d\npartial")
+    answers, complete = split_output(output)
+    assert answers == {"a": ("one\ntwo\n", 0), "b": ("one\ntwo\n", 0), "c": ("", 127), "d": ("partial", None)}
+    assert complete is False
 
 
 def test_facts_command_quotes_every_argument():
     command = facts_command(("/etc/x y", "/tmp/$(touch /tmp/owned)"))
     words = shlex.split(command)
     assert words[:2] == ["sh", "-c"]
-    assert words[3:] == ["gpuprov-facts", "/etc/x y", "/tmp/$(touch /tmp/owned)"]
+    assert words[3:] == ["gpuprov-facts"]
+    assert "for f in '/etc/x y' '/tmp/$(touch /tmp/owned)'; do" in words[2]
 
 
 def test_loaded_driver_falls_back_to_a_working_nvidia_smi(fixture_text):
-    smi = fixture_text(SMI + "l40s_nvidia-smi-q_595.80_idle.txt") + "@@rc=0"
-    facts = parse_facts("gpu01", _output(**{"nvidia-smi": smi, "nvrm": "", "end": ""}))
-    assert facts["loaded_driver_version"] == "595.80"
-    broken = _output(**{"nvidia-smi": "Failed to initialize NVML: Driver/library version mismatch\n@@rc=18",
-                        "end": ""})
+    smi = fixture_text("nvidia-smi-q-xml/t4_nvidia-smi-q-x_515.105.01.xml")
+    facts = parse_facts("gpu01", _output({"nvidia_smi": (smi, 0), "nvrm": ("", 1)}))
+    assert facts["loaded_driver_version"] == "515.105.01"
+    broken = _output({"nvidia_smi": ("Failed to initialize NVML: Driver/library version mismatch", 18)})
     assert parse_facts("gpu01", broken)["loaded_driver_version"] is None

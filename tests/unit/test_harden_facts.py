@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuprov.facts.providers import NoAnswer
 from gpuprov.harden.facts import (
     facts_script,
     parse_controller,
@@ -20,11 +21,11 @@ from gpuprov.harden.facts import (
 )
 
 
-def run_script(*args: str, env_outer: dict | None = None) -> dict:
+def run_script(user: str, *files: str, env_outer: dict | None = None) -> dict:
     """The script under a parent shell that has `env_outer`, itself started without SSH_CONNECTION."""
-    inner = "env -u SSH_CONNECTION sh -s -- " + " ".join(args)
-    proc = subprocess.run(["sh", "-c", inner], input=facts_script(), capture_output=True, text=True, timeout=120,
-                          env={"PATH": os.environ["PATH"], **(env_outer or {})})
+    inner = "env -u SSH_CONNECTION sh -s"
+    proc = subprocess.run(["sh", "-c", inner], input=facts_script(user, files), capture_output=True, text=True,
+                          timeout=120, env={"PATH": os.environ["PATH"], **(env_outer or {})})
     assert proc.returncode == 0, proc.stderr
     return parse_facts(proc.stdout)
 
@@ -66,10 +67,12 @@ def test_docker_bridges_and_other_firewalls_as_the_tools_print_them():
                "1234797dcb8d1c3ef21771b4244ee0184145c2420583a85801d8eaf722c13c6f <no value>\n"
                "ab34797dcb8d1c3ef21771b4244ee0184145c2420583a85801d8eaf722c13c6f gpu-net\n"
                "cd34797dcb8d1c3ef21771b4244ee0184145c2420583a85801d8eaf722c13c6f bad;name\n"
-               "not-an-id docker1\n@@rc=0")
-    assert parse_docker_bridges(inspect) == ["br-1234797dcb8d", "docker0", "gpu-net"]
-    assert parse_docker_bridges("@@rc=0") == []
-    assert parse_docker_bridges("") is None      # Docker did not answer
+               "not-an-id docker1\n")
+    assert parse_docker_bridges(inspect, 0) == ["br-1234797dcb8d", "docker0", "gpu-net"]
+    assert parse_docker_bridges("", 0) == []
+    assert parse_docker_bridges("", 127) is None      # no Docker
+    with pytest.raises(NoAnswer, match="did not answer"):    # Docker did not answer: unknown, with a notice
+        parse_docker_bridges("", 1)
     units = ("firewalld.service enabled inactive\nnftables.service disabled active\nufw enabled\nufw active\n")
     assert parse_firewall_units(units) == {"firewalld.service": "enabled", "ufw": "enabled, active"}
     assert parse_firewall_units("nftables.service enabled active\nfirewalld.service absent inactive\n") == {
@@ -157,9 +160,9 @@ def test_the_rulesets_besides_gpuprovs_and_dockers(tmp_path, extra, expected):
 
     (tmp_path / "gpuprov.nft").write_text(render(build_rules({}, [22])))
     (tmp_path / "debian.nft").write_text(DEBIAN_DEFAULT)
-    (tmp_path / "facts.sh").write_text(facts_script())
+    (tmp_path / "facts.sh").write_text(facts_script("root", ()))
     setup = "\n".join(["set -e", f"nft -f {tmp_path / 'debian.nft'}", f"nft -f {tmp_path / 'gpuprov.nft'}",
-                       DOCKER_RULES, extra, "set +e", f"sh {tmp_path / 'facts.sh'} root"])
+                       DOCKER_RULES, extra, "set +e", f"sh {tmp_path / 'facts.sh'}"])
     proc = subprocess.run(["unshare", "-n", "sh", "-c", setup], capture_output=True, text=True, timeout=120,
                           env={"PATH": os.environ["PATH"], "DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"})
     if proc.returncode != 0 and "Operation not permitted" in proc.stderr:

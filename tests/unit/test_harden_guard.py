@@ -15,12 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.local_host import LocalConn
 
-from gpuprov.apply import batch_script, parse_steps
-from gpuprov.errors import GpuprovError
+from gpuprov.core.apply import batch_script, parse_steps
+from gpuprov.core.errors import GpuprovError
+from gpuprov.core.operations import Change
 from gpuprov.harden.confirm import confirm
 from gpuprov.harden.guard import MARK, Guard, boot_unit, outcome, undecided_script
-from gpuprov.ops.base import Change
 
 OWNER = "run run-1 from controller 10.0.0.9 (op@ctl)"
 
@@ -183,40 +184,29 @@ def test_a_second_run_is_refused_while_the_first_is_undecided_and_names_it(manag
     arm(managed, 60, "run-2")
 
 
-class LocalHost:
-    """A connection whose commands run here with sh; the first reply is lost after the command ran."""
+def lossy_host(lose: int = 1) -> LocalConn:
+    """This machine as the host, its scripts run with sh; the first `lose` replies are lost after the command ran."""
+    lost = [lose]
 
-    connect_timeout = 5
-
-    def __init__(self, lose: int = 1):
-        self.lose, self.host = lose, type("H", (), {"name": "gpu01"})()
-
-    def fresh(self, **kwargs):
-        return self
-
-    def open(self):
-        return self
-
-    def close(self):
-        pass
-
-    def run(self, command, sudo=False, stdin="", timeout=None):
+    def answer(command: str, stdin: str | None) -> str:
         stdout = sh(stdin)
-        if self.lose:
-            self.lose -= 1
+        if lost[0]:
+            lost[0] -= 1
             raise GpuprovError("the connection dropped", host="gpu01")
-        return type("R", (), {"stdout": stdout})()
+        return stdout
+
+    return LocalConn(name="gpu01", answer=answer)
 
 
 def test_a_lost_confirmation_reply_is_still_confirmed(managed):
     guard = arm(managed, 30)
-    result = confirm(LocalHost(), guard, time.monotonic())
+    result = confirm(lossy_host(), guard, time.monotonic())
     assert result.result == "confirmed" and not result.hint
 
 
 def test_a_missing_guard_is_unknown_and_the_hint_names_the_guard_folder(managed):
     guard = guard_of(managed, 30)
-    result = confirm(LocalHost(lose=0), guard, time.monotonic())
+    result = confirm(lossy_host(lose=0), guard, time.monotonic())
     assert result.result == "unknown" and "no guard folder for this run" in result.detail
     assert f"ls {guard.directory}" in result.hint and f"sh {guard.directory}/revert.sh" in result.hint
 

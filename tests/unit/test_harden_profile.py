@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 from gpuprov.harden.audit import audit
 from gpuprov.harden.policy import build_policy
 from gpuprov.harden.profile import controls, parse_control

@@ -8,22 +8,24 @@ import re
 import subprocess
 
 import pytest
+from helpers.local_host import LocalConn
 from judges import needs_nft, needs_sshd, sshd, sshd_config
 
-import gpuprov.apply
+import gpuprov.core.apply
 import gpuprov.harden.facts
 import gpuprov.harden.run
-from gpuprov.apply import StepResult
-from gpuprov.errors import GpuprovError
+from gpuprov.core.apply import StepResult
+from gpuprov.core.errors import GpuprovError
+from gpuprov.core.operations import Change
 from gpuprov.harden import firewall, nft, updates
 from gpuprov.harden import sshd as harden_sshd
 from gpuprov.harden.confirm import GuardOutcome, console_hint
 from gpuprov.harden.facts import parse_sshd
-from gpuprov.harden.guard import MARK
+from gpuprov.harden.guard import MARK, undecided_script
 from gpuprov.harden.policy import build_policy
-from gpuprov.harden.run import HardenOptions, harden_host
+from gpuprov.harden.run import HardenJob, HardenOptions
 from gpuprov.inventory import Host
-from gpuprov.ops import pins
+from gpuprov.stack import families
 
 pytestmark = [pytest.mark.root, pytest.mark.tool, needs_sshd, needs_nft]
 VARIABLES = {"firewall": {"allow": [{"port": 22, "proto": "tcp", "sources": ["10.0.0.0/8"]}]}}
@@ -32,30 +34,10 @@ SUPPORTS = {"kex_algorithms": ["curve25519-sha256", "curve25519-sha256@libssh.or
             "host_key_algorithms": ["ssh-ed25519", "rsa-sha2-512"]}
 
 
-class Conn:
-    """What harden_host asks of a connection (the commands themselves go through the patched apply)."""
-
-    connect_timeout = 5
-
-    def __init__(self, host, undecided: str = ""):
-        self.host, self.undecided, self.commands = host, undecided, []
-
-    def run(self, command, sudo=False, stdin=None, timeout=None):
-        """Only the check for another run's undecided guard comes here: the host answers `undecided`."""
-        self.commands.append(stdin)
-        return subprocess.CompletedProcess(command, 0, self.undecided, "")
-
-    def server_key_type(self):
-        return "ssh-ed25519"
-
-    def fresh(self, **kwargs):
-        return self
-
-    def open(self):
-        return self
-
-    def close(self):
-        pass
+def host_conn(undecided: str = "") -> LocalConn:
+    """What a harden run asks of a connection (the commands themselves go through the patched apply): only the
+    check for another run's undecided guard reaches it, and the host answers `undecided`."""
+    return LocalConn(HOST, answer=lambda command, stdin: undecided)
 
 
 def bare_facts(tmp_path, controller: str) -> dict:
@@ -80,10 +62,10 @@ def hardened_facts(tmp_path, facts: dict) -> dict:
             "units": {**facts["units"], firewall.UNIT: "enabled"},
             "apt_config": {"APT::Periodic::Unattended-Upgrade": ["1"], "APT::Periodic::Update-Package-Lists": ["1"],
                            "Unattended-Upgrade::Origins-Pattern": ["origin=Debian,label=Debian-Security"],
-                           "Unattended-Upgrade::Package-Blacklist": list(pins.BLACKLIST)},
+                           "Unattended-Upgrade::Package-Blacklist": list(families.BLACKLIST)},
             "files": {harden_sshd.DROPIN: dropin, firewall.RULESET: ruleset, firewall.LISTING: listing,
                       firewall.UNIT_FILE: firewall.unit_file(), updates.AUTO_UPGRADES: updates.auto_upgrades("debian"),
-                      pins.UNATTENDED: pins.unattended()}}
+                      families.UNATTENDED: families.unattended()}}
 
 
 class FakeHost:
@@ -114,7 +96,7 @@ class FakeHost:
             return GuardOutcome(guard, "reverted by gpuprov", why)
 
         monkeypatch.setattr(gpuprov.harden.facts, "gather", gather)
-        monkeypatch.setattr(gpuprov.apply, "apply_changes", apply_changes)
+        monkeypatch.setattr(gpuprov.core.apply, "apply_changes", apply_changes)
         monkeypatch.setattr(gpuprov.harden.run, "confirm", confirm)
         monkeypatch.setattr(gpuprov.harden.run, "revert_now", revert_now)
 
@@ -122,8 +104,8 @@ class FakeHost:
 HOST = Host(name="gpu01", address="10.0.0.1", vars=VARIABLES)
 
 
-def harden(options: HardenOptions | None = None, conn: Conn | None = None):
-    return harden_host(conn or Conn(HOST), HOST, options or HardenOptions())
+def harden(options: HardenOptions | None = None, conn: LocalConn | None = None):
+    return HardenJob(options or HardenOptions()).run_host(conn or host_conn(), lambda what: None)
 
 
 def test_lockout_is_refused_before_anything_is_sent(tmp_path, monkeypatch):
@@ -184,7 +166,7 @@ def test_only_limits_the_plan(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("part", ["firewall", "ssh"])
 def test_the_guard_restores_exactly_the_guarded_files(part):
-    guard = gpuprov.harden.run._guard([gpuprov.ops.Change(part, "x", ("true",))], 60)
+    guard = gpuprov.harden.run._guard([Change(part, "x", ("true",))], 60)
     expected = {"firewall": (*nft.GUARDED_FILES,), "ssh": (harden_sshd.DROPIN,)}[part]
     assert guard.files == expected and guard.restore_table is (part == "firewall")
 
@@ -216,7 +198,7 @@ def test_a_run_is_refused_before_anything_while_another_guard_is_undecided(tmp_p
     before = bare_facts(tmp_path, controller="10.3.4.5")
     host = FakeHost(monkeypatch, before, hardened_facts(tmp_path, before))
     first = "run 20261202T020000-ab12cd34 from controller 10.9.9.9 (op@ctl), started 2026-12-02T02:00:01Z"
-    conn = Conn(HOST, undecided=f"{MARK}busy {first}\n")
+    conn = host_conn(undecided=f"{MARK}busy {first}\n")
     with pytest.raises(GpuprovError) as caught:
         harden(conn=conn)
     assert caught.value.message == f"another harden run's guard is still undecided on this host: {first}"
@@ -241,7 +223,7 @@ def test_a_failed_batch_says_what_became_of_the_previous_configuration(tmp_path,
     def revert_now(conn, guard, armed_before, why):
         return GuardOutcome(guard, result, why, hint=console_hint(guard) if result == "unknown" else "")
 
-    monkeypatch.setattr(gpuprov.apply, "apply_changes", failing)
+    monkeypatch.setattr(gpuprov.core.apply, "apply_changes", failing)
     monkeypatch.setattr(gpuprov.harden.run, "revert_now", revert_now)
     with pytest.raises(GpuprovError) as caught:
         harden()
@@ -249,12 +231,54 @@ def test_a_failed_batch_says_what_became_of_the_previous_configuration(tmp_path,
 
 
 def test_a_confirmation_without_a_decision_is_unknown_and_exits_1(tmp_path, monkeypatch):
-    from gpuprov.tasks.harden import _exit_code
-
     before = bare_facts(tmp_path, controller="10.3.4.5")
     FakeHost(monkeypatch, before, hardened_facts(tmp_path, before))
     monkeypatch.setattr(gpuprov.harden.run, "confirm",
                         lambda conn, guard, armed_before: GuardOutcome(guard, "unknown", "no decision"))
     run = harden()
     assert run.status == "unknown" and run.guard.result == "unknown"
-    assert _exit_code([type("Outcome", (), {"ok": True, "value": run})()], dry_run=False) == 1
+    assert HardenJob(HardenOptions()).failing(run.to_dict()) is True
+
+
+def test_a_failed_batch_keeps_its_steps_once_even_when_the_revert_fails_too(tmp_path, monkeypatch):
+    before = bare_facts(tmp_path, controller="10.3.4.5")
+    FakeHost(monkeypatch, before, before)
+    armed = [StepResult("updates", "x", [], 0, 0.1, ""), StepResult("guard", "arm", [], 0, 0.1, "")]
+
+    def failing(conn, changes, **kwargs):
+        error = GpuprovError("ssh: x failed with exit code 1", host="gpu01", step="ssh")
+        error.steps = list(armed)
+        raise error
+
+    monkeypatch.setattr(gpuprov.core.apply, "apply_changes", failing)
+    with pytest.raises(GpuprovError) as caught:
+        harden()
+    assert caught.value.run.steps == armed and caught.value.run.status == "failed"
+
+    def unreachable(conn, guard, armed_before, why):
+        raise GpuprovError(f"{why}, and the host still does not answer", host="gpu01", step="confirm")
+
+    monkeypatch.setattr(gpuprov.harden.run, "revert_now", unreachable)
+    with pytest.raises(GpuprovError) as caught:
+        harden()
+    assert caught.value.step == "confirm" and caught.value.run.steps == armed
+
+
+def test_progress_says_facts_then_the_apply(tmp_path, monkeypatch):
+    before = bare_facts(tmp_path, controller="10.3.4.5")
+    FakeHost(monkeypatch, before, hardened_facts(tmp_path, before))
+    said = []
+    HardenJob(HardenOptions()).run_host(host_conn(), said.append)
+    assert said == ["facts", "apply 4 changes"]
+
+
+def test_check_and_dry_run_never_ask_about_another_runs_guard(tmp_path, monkeypatch):
+    before = bare_facts(tmp_path, controller="10.3.4.5")
+    FakeHost(monkeypatch, before, before)
+    for options in (HardenOptions(check=True), HardenOptions(dry_run=True)):
+        conn = host_conn()
+        HardenJob(options).run_host(conn, lambda what: None)
+        assert conn.stdins == []
+    conn = host_conn()
+    HardenJob(HardenOptions()).run_host(conn, lambda what: None)
+    assert conn.stdins == [undecided_script()]

@@ -126,3 +126,57 @@ def test_a_policy_paramiko_cannot_speak_is_refused_and_really_locks_paramiko_out
     with running_sshd(sshd_config(tmp_path, harden_sshd.render(policy))) as port, \
             pytest.raises(paramiko.SSHException):
         paramiko_handshake(port)
+
+
+def host_ssh_dir(tmp_path, policy, monkeypatch, others: dict[str, str] | None = None) -> tuple:
+    """A stand-in /etc/ssh under tmp_path (sshd_config Including its sshd_config.d, a test host key), the harden
+    module pointed at it, and gpuprov's drop-in in place with the rendered policy."""
+    etc = tmp_path / "ssh"
+    (etc / "sshd_config.d").mkdir(parents=True)
+    sshd_config(etc, f"Include {etc}/sshd_config.d/*.conf\n")
+    for name, text in (others or {}).items():
+        (etc / "sshd_config.d" / name).write_text(text)
+    dropin = etc / "sshd_config.d" / "10-gpuprov-hardening.conf"
+    dropin.write_text(harden_sshd.render(policy))
+    monkeypatch.setattr(harden_sshd, "SSH_DIR", str(etc))
+    monkeypatch.setattr(harden_sshd, "DROPIN", str(dropin))
+    return etc, dropin
+
+
+def run_until_reload(change) -> subprocess.CompletedProcess:
+    """The change's steps up to (not including) the sshd reload, as the apply batch runs a step (`set -e`)."""
+    assert change.commands[-1] == harden_sshd.RELOAD_SSHD
+    return subprocess.run(["sh", "-ec", "\n".join(change.commands[:-1])], capture_output=True, text=True, timeout=60)
+
+
+def test_a_dropin_sshd_rejects_never_replaces_the_old_one(tmp_path, monkeypatch):
+    good = policy_for()
+    etc, dropin = host_ssh_dir(tmp_path, good, monkeypatch)
+    before = dropin.read_text()
+    bad = policy_for({"kex_algorithms": ["mlkem768x25519-sha256-unknown", "curve25519-sha256"]})
+    result = run_until_reload(harden_sshd.change(bad, {"files": {str(dropin): before}}))
+    assert result.returncode != 0
+    assert "sshd -t rejected the configuration" in result.stderr and "KexAlgorithms" in result.stderr
+    assert dropin.read_text() == before
+    assert sorted(path.name for path in dropin.parent.iterdir()) == [dropin.name]   # nothing staged left behind
+    assert sshd("-t", "-f", str(etc / "sshd_config")).returncode == 0
+
+
+def test_an_accepted_dropin_replaces_the_old_one_and_sshd_reads_it(tmp_path, monkeypatch):
+    etc, dropin = host_ssh_dir(tmp_path, policy_for(), monkeypatch)
+    wanted = policy_for({"max_auth_tries": 5, "x11_forwarding": True})
+    result = run_until_reload(harden_sshd.change(wanted, {"files": {str(dropin): dropin.read_text()}}))
+    assert result.returncode == 0, result.stderr
+    assert dropin.read_text() == harden_sshd.render(wanted)
+    assert oct(dropin.stat().st_mode & 0o777) == "0o600"
+    printed = sshd("-T", "-f", str(etc / "sshd_config")).stdout.splitlines()
+    assert "maxauthtries 5" in printed and "x11forwarding yes" in printed
+
+
+def test_the_check_judges_the_whole_configuration_with_the_other_dropins(tmp_path, monkeypatch):
+    """Another drop-in sshd cannot read fails the check too: sshd would refuse the reload with it."""
+    _, dropin = host_ssh_dir(tmp_path, policy_for(), monkeypatch, {"60-broken.conf": "NoSuchOption yes\n"})
+    before = dropin.read_text()
+    result = run_until_reload(harden_sshd.change(policy_for({"max_auth_tries": 4}), {"files": {str(dropin): before}}))
+    assert result.returncode != 0 and "60-broken.conf" in result.stderr and "NoSuchOption" in result.stderr
+    assert dropin.read_text() == before

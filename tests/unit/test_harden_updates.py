@@ -11,7 +11,7 @@ import pytest
 
 from gpuprov.harden import updates
 from gpuprov.harden.facts import parse_apt_config
-from gpuprov.ops import pins
+from gpuprov.stack import families
 from gpuprov.stack.resolve import PACKAGE_SECTIONS, resolve
 
 needs_apt = pytest.mark.skipif(shutil.which("apt-config") is None, reason="apt-config is not installed")
@@ -36,7 +36,7 @@ def apt_dump(tmp_path, files: dict[str, str]) -> dict[str, list[str]]:
 def test_apt_reads_unattended_upgrades_on_over_a_distribution_default_off(tmp_path, os_id):
     config = apt_dump(tmp_path, {"20auto-upgrades": 'APT::Periodic::Unattended-Upgrade "0";\n',
                                  updates.AUTO_UPGRADES.rsplit("/", 1)[1]: updates.auto_upgrades(os_id),
-                                 pins.UNATTENDED.rsplit("/", 1)[1]: pins.unattended()})
+                                 families.UNATTENDED.rsplit("/", 1)[1]: families.unattended()})
     assert config["APT::Periodic::Unattended-Upgrade"] == ["1"]
     assert config["APT::Periodic::Update-Package-Lists"] == ["1"]
     origins = config.get("Unattended-Upgrade::Origins-Pattern", []) + config.get("Unattended-Upgrade::Allowed-Origins",
@@ -56,7 +56,7 @@ def test_every_package_provisioning_installs_is_blacklisted(tmp_path, gpu, os_ke
     each entry as a regular expression at the start of a package name)."""
     stack = resolve(gpu, os_key, gpus=count, nvswitch=nvswitch).to_dict()
     names = {p["name"] for section in PACKAGE_SECTIONS for p in (stack.get(section) or {}).get("packages", [])}
-    blacklist = apt_dump(tmp_path, {"51gpuprov-unattended-upgrades": pins.unattended()})[
+    blacklist = apt_dump(tmp_path, {"51gpuprov-unattended-upgrades": families.unattended()})[
         "Unattended-Upgrade::Package-Blacklist"]
     assert names and not [n for n in names if not any(re.match(entry, n) for entry in blacklist)]
 
@@ -64,7 +64,8 @@ def test_every_package_provisioning_installs_is_blacklisted(tmp_path, gpu, os_ke
 def test_no_change_when_everything_is_in_place():
     facts = {"os": {"id": "debian"}, "systemd": True, "packages": {"unattended-upgrades": "2.9.1+nmu3"},
              "units": {"apt-daily.timer": "enabled", "apt-daily-upgrade.timer": "enabled"},
-             "files": {updates.AUTO_UPGRADES: updates.auto_upgrades("debian"), pins.UNATTENDED: pins.unattended()}}
+             "files": {updates.AUTO_UPGRADES: updates.auto_upgrades("debian"),
+                       families.UNATTENDED: families.unattended()}}
     assert list(updates.changes(facts)) == []
 
 

@@ -24,8 +24,8 @@ from types import SimpleNamespace
 import pytest
 from helpers.pythons import INTERPRETERS, MINORS, OLDER, lab_host, vermin
 
-from gpuprov.connection import Result
-from gpuprov.errors import GpuprovError
+from gpuprov.core.connection import Result
+from gpuprov.core.errors import GpuprovError
 from gpuprov.images import verify
 from gpuprov.lab import nested, registry, standins
 from gpuprov.validation import Layout, env, multinode

@@ -22,13 +22,13 @@ from hypothesis import strategies as st
 from invoke import Config, Context
 from invoke.exceptions import Exit
 
-from gpuprov.config import file_errors
-from gpuprov.errors import InputError
+from gpuprov.core.config import file_errors
+from gpuprov.core.errors import InputError
+from gpuprov.core.known_hosts import KnownHostsError, read_known_hosts
 from gpuprov.images.spec import SpecError, load_spec
 from gpuprov.inventory import InventoryError, load_inventory
 from gpuprov.inventory.checks import ZONE, NotRegular, ip_address, network, read_regular
 from gpuprov.inventory.model import is_valid_address
-from gpuprov.known_hosts import KnownHostsError, read_known_hosts
 from gpuprov.stack.lock import LockError, load_lock
 from gpuprov.tasks import facts as facts_tasks
 from gpuprov.tasks import images as images_tasks
@@ -59,11 +59,11 @@ def clean_environment(monkeypatch, tmp_path):
 @pytest.fixture
 def contacted(monkeypatch) -> list:
     """Every call of the executor: it must stay empty for bad input."""
-    import gpuprov.executor
+    import gpuprov.core.executor
 
     calls: list = []
-    monkeypatch.setattr(gpuprov.executor, "run_on_hosts", lambda hosts, *a, **k: calls.append(hosts) or [])
-    monkeypatch.setattr(gpuprov.executor, "connect", lambda host, *a, **k: calls.append([host]))
+    monkeypatch.setattr(gpuprov.core.executor, "run_on_hosts", lambda hosts, *a, **k: calls.append(hosts) or [])
+    monkeypatch.setattr(gpuprov.core.executor, "connect", lambda host, *a, **k: calls.append([host]))
     return calls
 
 
@@ -148,17 +148,11 @@ def test_an_interface_zone_is_kept_as_a_host_address(tmp_path):
     ("firewall: {allow: [{port: 22, sources: ['fe80::%eth0\\nx/64']}]}", "firewall.allow[0].sources[0]"),
     ("monitoring_address: 'fe80::1%eth0'", "monitoring_address"),
     ("mirror: {url: 'http://[fe80::1%25eth0]/nvidia/'}", "mirror.url"),
+    ("cluster_address: 'fe80::1%eth0'", "cluster_address"),
 ])
 def test_a_zone_where_other_hosts_use_the_address_is_refused(tmp_path, variable, key):
     errors = inventory_errors(tmp_path, f"hosts:\n  gpu01:\n    address: 10.0.0.1\n    vars: {{{variable}}}\n")
     assert len(errors) == 1 and f"hosts.gpu01.vars.{key}:" in errors[0], errors
-
-
-def test_a_cluster_address_with_a_zone_is_refused(tmp_path):
-    path = tmp_path / "inv.yaml"
-    path.write_text("hosts:\n  gpu01: {address: 10.0.0.1, vars: {cluster_address: 'fe80::1%eth0'}}\n")
-    with pytest.raises(InputError, match="cluster_address .*no IPv6 zone"):
-        validate_vars(load_inventory(path).host("gpu01"))
 
 
 # ------------------------------------------------------------------------------------ files stay files
@@ -333,15 +327,16 @@ def test_bad_validate_variables_are_exit_2_before_any_host(tmp_path, capsys, con
 @example(value=-math.inf)
 @example(value=100.0000001)
 def test_a_percent_is_a_finite_number_above_0_and_at_most_100(tmp_path, value):
-    from gpuprov.inventory import Host
-
-    host = Host(name="gpu01", address="10.0.0.1", vars={"validate": {"threshold_pct": value}})
-    good = math.isfinite(value) and 0 < value <= 100
-    if good:
-        assert validate_vars(host).threshold_pct == float(value)
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump({"hosts": {"gpu01": {"address": "10.0.0.1",
+                                                        "vars": {"validate": {"threshold_pct": value}}}}}))
+    if math.isfinite(value) and 0 < value <= 100:
+        assert validate_vars(load_inventory(path).host("gpu01")).threshold_pct == float(value)
     else:
-        with pytest.raises(InputError, match="validate.threshold_pct"):
-            validate_vars(host)
+        with pytest.raises(InventoryError) as caught:
+            load_inventory(path)
+        (error,) = caught.value.errors
+        assert error.startswith(f"{path}:6:") and "hosts.gpu01.vars.validate.threshold_pct: must be a number" in error
 
 
 # ------------------------------------------------------------------------------------------ ports, timeouts
@@ -354,11 +349,11 @@ def test_a_registry_port_out_of_range_is_refused(tmp_path, capsys, registry):
 
 
 def test_a_registry_variable_with_a_port_out_of_range_is_refused(tmp_path):
-    from gpuprov.images.run import run_vars
-    from gpuprov.inventory import Host
-
-    with pytest.raises(InputError, match="images.registry"):
-        run_vars(Host(name="gpu01", address="10.0.0.1", vars={"images": {"registry": "10.0.0.5:70000"}}))
+    line = "  gpu01: {address: 10.0.0.1, vars: {images: {registry: '10.0.0.5:70000'}}}"
+    errors = inventory_errors(tmp_path, f"hosts:\n{line}\n")
+    col = line.index("'10") + 1
+    assert errors == [f"{tmp_path}/inv.yaml:2:{col}: hosts.gpu01.vars.images.registry: must be a registry address "
+                      "like host:5000, not '10.0.0.5:70000'"]
 
 
 @pytest.mark.parametrize(("name", "value"), [
@@ -662,22 +657,21 @@ def test_a_folder_where_a_lock_file_goes_is_exit_2_before_any_host(tmp_path, cap
 
 
 @pytest.mark.parametrize("folder", ["/tmp", "/tmp/prom/", "/var/tmp/x", "/dev/shm", "/run/lock/p"])
-def test_monitoring_refuses_a_world_writable_textfile_folder_too(folder):
-    from gpuprov.inventory import Host
+def test_a_world_writable_textfile_folder_is_refused_at_load_for_validate_and_monitoring_alike(tmp_path, folder):
+    line = f"  gpu01: {{address: 10.0.0.1, vars: {{validate: {{textfile_dir: {folder}}}}}}}"
+    errors = inventory_errors(tmp_path, f"hosts:\n{line}\n")
+    assert len(errors) == 1 and errors[0].startswith(f"{tmp_path}/inv.yaml:2:{line.index(folder) + 1}: "
+                                                     "hosts.gpu01.vars.validate.textfile_dir: ")
+    assert "which every user may write into" in errors[0]
+
+
+def test_a_textfile_folder_beside_tmp_is_not_taken_for_it(tmp_path):
     from gpuprov.monitoring.policy import build_policy
 
-    host = Host(name="gpu01", address="10.0.0.1", vars={"validate": {"textfile_dir": folder}})
-    with pytest.raises(InputError, match="every user may write into"):
-        build_policy(host)
-    with pytest.raises(InputError, match="every user may write into"):
-        validate_vars(host)
-
-
-def test_a_textfile_folder_beside_tmp_is_not_taken_for_it():
-    from gpuprov.inventory import Host
-
-    host = Host(name="gpu01", address="10.0.0.1", vars={"validate": {"textfile_dir": "/tmpfs/prom"}})
-    assert validate_vars(host).textfile_dir == "/tmpfs/prom"
+    path = tmp_path / "inv.yaml"
+    path.write_text("hosts:\n  gpu01: {address: 10.0.0.1, vars: {validate: {textfile_dir: /tmpfs/prom}}}\n")
+    host = load_inventory(path).host("gpu01")
+    assert validate_vars(host).textfile_dir == "/tmpfs/prom" == build_policy(host).textfile_dir
 
 
 def test_a_known_hosts_under_a_file_is_exit_2_before_any_host_when_keys_are_recorded(tmp_path, capsys, contacted):

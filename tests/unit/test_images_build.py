@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.errors import GpuprovError, InputError
+from gpuprov.core.errors import GpuprovError, InputError
 from gpuprov.images.build import (
     BuildStepError,
     StepStream,

@@ -19,7 +19,7 @@ from docker.utils import tar as sdk_archive
 from docker.utils.proxy import ProxyConfig
 from helpers.images import context_tree
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 from gpuprov.images.build import context_archive
 from gpuprov.images.engine import _send, proxy_build_args, registry_headers, socket_path
 

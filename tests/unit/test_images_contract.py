@@ -19,7 +19,7 @@ import pytest
 from dockerfile_parse import DockerfileParser
 from helpers.images import cuda_spec
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 from gpuprov.images.fields import EXACT_DEPENDS
 from gpuprov.images.labels import MIN_DRIVER, image_labels
 from gpuprov.images.render import render

@@ -24,7 +24,7 @@ from helpers.images import context_tree
 from invoke import Context
 
 import gpuprov.images
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 from gpuprov.images import verify
 from gpuprov.images.build import build_image, context_stream, in_parallel
 from gpuprov.images.labels import CONTEXT_HASH, context_hash, image_labels

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from invoke import Config, Context
 from invoke.exceptions import Exit
 
-from gpuprov.errors import GpuprovError, InputError
+from gpuprov.core.errors import GpuprovError, InputError
 from gpuprov.images.run import (
     RunVars,
     check_container,
@@ -23,7 +23,7 @@ from gpuprov.images.run import (
     run_vars,
     shell_line,
 )
-from gpuprov.inventory import load_inventory
+from gpuprov.inventory import InventoryError, load_inventory
 from gpuprov.stack.check import image_mismatches
 from gpuprov.stack.lock import load_lock, locked_images, write_lock
 from gpuprov.tasks import images as image_tasks
@@ -158,26 +158,29 @@ def test_the_hosts_images_variables_and_data_dir_are_read(tmp_path):
         registry="10.0.0.5:5000", data_dir="/data", output_dir="/srv/out", shm_size="64g", memlock=8388608)
 
 
-@pytest.mark.parametrize(("variables", "message"), [
-    ("images: [x]\n", "variable images (group:hgx): must be a mapping with keys registry, output_dir, shm_size, "
-                      "memlock"),
-    ("images: {shm: 1g}\n", "variable images (group:hgx): unknown key(s) shm; known: registry, output_dir, "
-                            "shm_size, memlock"),
-    ("images: {registry: 'http://r:5000'}\n", "variable images.registry (group:hgx): must be a registry address like "
-                                              "host:5000, not 'http://r:5000'"),
-    ("images: {shm_size: 64GB}\n", "variable images.shm_size (group:hgx): must be a size like 64g (digits, then b, k, "
-                                   "m or g), not '64GB'"),
-    ("images: {memlock: 0}\n", "variable images.memlock (group:hgx): must be a number of bytes, -1 for "
-                               "unlimited, or null for the engine's own limit, not 0"),
-    ("images: {output_dir: out}\n", "variable images.output_dir (group:hgx): must be an absolute path other than / "
-                                    "(letters, digits, _ . + @ / -), not 'out'"),
-    ("data_dir: '/data/../etc'\n", "variable data_dir (group:hgx): must be an absolute path other than / (letters, "
-                                   "digits, _ . + @ / -), not '/data/../etc'"),
+@pytest.mark.parametrize(("variables", "marker", "message"), [
+    ("images: [x]\n", "[x]", "images: images must be a mapping, not a list"),
+    ("images: {shm: 1g}\n", "shm", "images.shm: unknown images key 'shm'; expected one of: registry, output_dir, "
+                                   "shm_size, memlock"),
+    ("images: {registry: 'http://r:5000'}\n", "'http", "images.registry: must be a registry address like "
+                                                       "host:5000, not 'http://r:5000'"),
+    ("images: {registry: '10.0.0.5:70000'}\n", "'10", "images.registry: must be a registry address like "
+                                                      "host:5000, not '10.0.0.5:70000'"),
+    ("images: {shm_size: 64GB}\n", "64GB", "images.shm_size: must be a size like 64g (digits, then b, k, m or g), "
+                                           "not '64GB'"),
+    ("images: {memlock: 0}\n", "0", "images.memlock: must be a number of bytes, -1 for unlimited, or null for "
+                                    "the engine's own limit, not 0"),
+    ("images: {output_dir: out}\n", " out", "images.output_dir: must be an absolute path other than / (letters, "
+                                           "digits, _ . + @ / -), not 'out'"),
+    ("data_dir: '/data/../etc'\n", "'/data", "data_dir: must be an absolute path other than / (letters, digits, "
+                                             "_ . + @ / -), not '/data/../etc'"),
 ])
-def test_bad_variables_name_the_host_the_key_and_where_it_came_from(tmp_path, variables, message):
-    with pytest.raises(InputError) as caught:
-        run_vars(host_with(tmp_path, variables))
-    assert caught.value.message == message and caught.value.host == "gpu01"
+def test_bad_variables_are_refused_at_load_where_they_are_written(tmp_path, variables, marker, message):
+    with pytest.raises(InventoryError) as caught:
+        host_with(tmp_path, variables)
+    path = tmp_path / "inventory.yaml"
+    col = 7 + variables.index(marker) + marker.startswith(" ")
+    assert caught.value.errors == [f"{path}:5:{col}: groups.hgx.vars.{message}"]
 
 
 # ---------------------------------------------------------------------------------------------- the task
@@ -221,9 +224,10 @@ def test_an_unreachable_host_is_its_failure_exit_1(ctx, capsys):
     with pytest.raises(Exit) as caught:
         image_tasks.run(ctx, host=["gpu01"], name="lab-pytorch-cpu", registry="10.0.0.5:5000", trust_new_hosts=True)
     assert caught.value.code == 1
-    first, second = capsys.readouterr().out.splitlines()   # each line of the error on its own line
+    first, second, *table = capsys.readouterr().out.splitlines()   # each line of the error on its own line
     assert first.startswith("[gpu01] connect: cannot reach 192.0.2.11:22 after 1 attempts: ")
     assert second == "  next: check that gpu01 is up, its address and port"
+    assert table[-1].startswith(f"report: {ctx.config.gpuprov.reports}/images-run-")
 
 
 def test_container_names_docker_accepts():

@@ -10,7 +10,7 @@ from helpers.inventory import write
 from invoke import Context
 from invoke.exceptions import Exit
 
-from gpuprov.errors import InputError
+from gpuprov.core.errors import InputError
 from gpuprov.inventory import Host, InventoryError, load_inventory, parse_jump
 from gpuprov.tasks import inventory as inventory_tasks
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.errors import InputError
+from gpuprov.core.errors import InputError
 from gpuprov.inventory import InventoryError, load_inventory
 
 REPO = Path(__file__).resolve().parents[2]

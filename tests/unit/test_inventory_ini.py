@@ -193,7 +193,7 @@ def test_a_file_is_ini_by_its_name_or_its_first_section_header(tmp_path, capsys)
 
 def test_a_host_task_with_a_bad_ini_inventory_contacts_no_host(tmp_path, capsys, monkeypatch):
     contacted: list[str] = []
-    monkeypatch.setattr("gpuprov.executor.connect", lambda host, *args, **kwargs: contacted.append(host.name))
+    monkeypatch.setattr("gpuprov.core.executor.connect", lambda host, *args, **kwargs: contacted.append(host.name))
     path = write(tmp_path, textwrap.dedent("""\
         [hgx]
         gpu01 ansible_host=192.0.2.11

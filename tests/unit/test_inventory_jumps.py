@@ -75,7 +75,7 @@ def test_a_jump_port_is_ascii_digits(tmp_path, capsys, jump, message):
 
 def test_provision_through_a_chain_contacts_no_host(tmp_path, capsys, monkeypatch):
     contacted: list[str] = []
-    monkeypatch.setattr("gpuprov.executor.connect", lambda host, *args, **kwargs: contacted.append(host.name))
+    monkeypatch.setattr("gpuprov.core.executor.connect", lambda host, *args, **kwargs: contacted.append(host.name))
     path = write(tmp_path, """\
         hosts:
           outer: {address: 192.0.2.5}

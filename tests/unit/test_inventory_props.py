@@ -6,14 +6,15 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuprov.errors import InputError
+from gpuprov.core.errors import InputError
 from gpuprov.inventory import Inventory, InventoryError, load_inventory
 
 KEYS = ["hosts", "groups", "defaults", "all", "children", "vars", "address", "port", "user", "jump",
         "identity_file", "sudo", "password_env", "nopasswd", "hardware", "stack", "mirror", "firewall",
         "allow", "sources", "proto", "gpu", "count", "nvswitch", "cuda", "driver", "ngc", "nccl", "url",
         "ca_file", "fingerprint", "ansible_host", "ansible_port", "ansible_become_password", "gpuprov_jump",
-        "h1", "h2", "g1", "g2", "bastion"]
+        "h1", "h2", "g1", "g2", "bastion", "validate", "threshold_pct", "textfile_dir", "torch_index", "images",
+        "registry", "memlock", "workload", "data_dir", "cluster_address", "monitoring", "cost", "service_ports"]
 
 TOKENS = [*(f"{k}:" for k in KEYS), *KEYS, "\n", "  ", "    ", "- ", ": ", "{", "}", "[", "]", ", ", "&a ",
           "*a", "<<: ", "!vault ", "!!int ", "!!binary ", "'", '"', "#", "|", ">", "---", "...", "? ",

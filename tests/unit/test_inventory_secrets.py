@@ -1,5 +1,5 @@
 """Proxy and mirror logins (`https://USER:PASSWORD@host/`) never appear in inventory.check errors, in
-inventory.show's table or in its --json (an error document included): gpuprov.secrets.mask masks them."""
+inventory.show's table or in its --json (an error document included): gpuprov.core.secrets.mask masks them."""
 
 from __future__ import annotations
 

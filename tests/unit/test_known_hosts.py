@@ -1,4 +1,4 @@
-"""known_hosts files (gpuprov.known_hosts): OpenSSH's forms are matched for the right host and port (plain,
+"""known_hosts files (gpuprov.core.known_hosts): OpenSSH's forms are matched for the right host and port (plain,
 `[host]:port`, hashed `|1|`, wildcards, negation, @revoked), and every corrupt form is exit 2 naming the file and
 line, found before any host is contacted, with the file left byte for byte as it was (trust on first use
 included). Matching is checked against `ssh-keygen -F` and against a real SSH handshake with paramiko's server.
@@ -26,10 +26,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from invoke import Config, Context
 
-from gpuprov.connection import ConnectError, HostConnection, HostKeyError
-from gpuprov.errors import InputError
+from gpuprov.core.connection import ConnectError, HostConnection, HostKeyError
+from gpuprov.core.errors import InputError
+from gpuprov.core.known_hosts import KnownHostsError, read_known_hosts
 from gpuprov.inventory import Host
-from gpuprov.known_hosts import KnownHostsError, read_known_hosts
 from gpuprov.tasks import facts as facts_tasks
 from gpuprov.tasks import provision as provision_tasks
 from gpuprov.tasks import stack as stack_tasks
@@ -259,7 +259,7 @@ def contacted(monkeypatch) -> list[str]:
         calls.append(host.name)
         raise AssertionError("a host was contacted")
 
-    monkeypatch.setattr("gpuprov.executor.connect", connect)
+    monkeypatch.setattr("gpuprov.core.executor.connect", connect)
     return calls
 
 

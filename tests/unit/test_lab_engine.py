@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 from gpuprov.lab import engine, images
 
 

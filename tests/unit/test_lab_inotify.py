@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 from gpuprov.lab import inotify
 
 

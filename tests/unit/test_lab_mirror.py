@@ -15,18 +15,19 @@ from helpers.lab import KERNEL, mirror_stack
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuprov.errors import GpuprovError
-from gpuprov.facts.parsers import parse_nvidia_smi
+from gpuprov.core.errors import GpuprovError
+from gpuprov.facts.parsers import parse_nvidia_smi_xml
 from gpuprov.lab import standins
+from gpuprov.lab.smi_answers import gpu_profiles_table
 from gpuprov.lab.standins import (
     PackageSpec,
     control_text,
     driver_cuda_version,
-    gpu_profiles_table,
     lab_stacks,
     package_contents,
     standin_packages,
 )
+from gpuprov.stack import families
 
 # ------------------------------------------------------------------------------------------ package set
 
@@ -314,33 +315,39 @@ def load(root, version: str) -> None:
     (root / "run/gpuprov-lab/loaded-driver").write_text(version + "\n")
 
 
+def smi_xml(standin_root) -> dict:
+    """The stand-in's `nvidia-smi -q -x`, read as gpuprov's facts read it."""
+    rc, text = run_tool(standin_root, "nvidia-smi", "-q", "-x")
+    return parse_nvidia_smi_xml(text, rc)
+
+
 def test_smi_query_parses_into_the_profile_gpus(standin_root):
     load(standin_root, "570.148.08")
     rc, text = run_tool(standin_root, "nvidia-smi", "-q")
     assert rc == 0
     assert text.splitlines()[1] == "==============NVSMI LOG=============="
-    smi = parse_nvidia_smi(text + "@@rc=0\n")
+    smi = smi_xml(standin_root)
     assert smi["driver_version"] == "570.148.08" and smi["cuda_version"] == "12.8"
     assert [g["name"] for g in smi["gpus"]] == ["NVIDIA H100 80GB HBM3"] * 8
     assert smi["gpus"][0]["bus_id"] == "00000000:18:00.0"
     assert {g["memory_total_mib"] for g in smi["gpus"]} == {81559}  # the H100 capture's memory.total
     assert all(g["ecc_mode"] is True and g["persistence_mode"] is False for g in smi["gpus"])
     assert len({g["uuid"] for g in smi["gpus"]}) == 8
-    assert run_tool(standin_root, "nvidia-smi", "-q")[1].count("GPU-") == text.count("GPU-")
-    assert parse_nvidia_smi(run_tool(standin_root, "nvidia-smi", "-q")[1])["gpus"][3]["uuid"] == smi["gpus"][3]["uuid"]
+    assert text.count("GPU-") == run_tool(standin_root, "nvidia-smi", "-q")[1].count("GPU-")
+    assert smi_xml(standin_root)["gpus"][3]["uuid"] == smi["gpus"][3]["uuid"]
 
 
 def test_smi_persistence_mode_follows_persistenced_and_pm(standin_root):
     load(standin_root, "570.148.08")
     rc, text = run_tool(standin_root, "nvidia-smi", "-pm", "1")
     assert rc == 0 and text.strip().endswith("All done.")
-    assert all(g["persistence_mode"] for g in parse_nvidia_smi(run_tool(standin_root, "nvidia-smi", "-q")[1])["gpus"])
+    assert all(g["persistence_mode"] for g in smi_xml(standin_root)["gpus"])
 
 
 def test_smi_geforce_profile_has_no_ecc(standin_root):
     load(standin_root, "570.148.08")
     (standin_root / "etc/gpuprov-lab/profile").write_text("rtx-4090\n")
-    smi = parse_nvidia_smi(run_tool(standin_root, "nvidia-smi", "-q")[1])
+    smi = smi_xml(standin_root)
     assert [g["name"] for g in smi["gpus"]] == ["NVIDIA GeForce RTX 4090"] * 2
     assert {g["ecc_mode"] for g in smi["gpus"]} == {None}
 
@@ -351,7 +358,7 @@ def test_smi_version_mismatch_fails_like_the_real_one(standin_root):
     assert rc == 18
     assert text.splitlines() == ["Failed to initialize NVML: Driver/library version mismatch",
                                  "NVML library version: 570.148"]
-    assert "error" in parse_nvidia_smi(f"{text}@@rc={rc}\n")
+    assert "error" in smi_xml(standin_root)
 
 
 def test_smi_without_loaded_module_or_gpus(standin_root):
@@ -647,8 +654,8 @@ def _apt(env: dict, *args: str) -> dict[str, str]:
 def test_the_stand_in_toolkit_floats_for_apt_alone_and_gpuprov_installs_pins_and_holds_its_release(tmp_path):
     """Real apt over the stand-ins of the locked 13.2.1 and the newer 13.2.99: alone it takes 13.2.99's parts;
     gpuprov's install takes 13.2.1's, and its pins, or its holds, each keep `dist-upgrade` from moving them."""
-    from gpuprov.ops import cuda, pins
-    from gpuprov.ops.pkg import Package, for_family
+    from gpuprov.core.packages import Package, for_family
+    from gpuprov.provision.ops import pins
 
     stack = mirror_stack("595", "595.58.03", pinning=True, cuda="13.2.1", nccl="2.30.4")
     current = [s for s in standin_packages([stack], KERNEL) if s.role in ("cuda", "cuda_part")]
@@ -662,7 +669,7 @@ def test_the_stand_in_toolkit_floats_for_apt_alone_and_gpuprov_installs_pins_and
     (tmp_path / "bin" / "apt-get").write_text("#!/bin/sh\nexec /usr/bin/apt-get -s \"$@\"\n")
     (tmp_path / "bin" / "apt-get").chmod(0o755)
     toolkit = Package("cuda-toolkit-13-2", "13.2.1-1")
-    command = for_family("debian").install_release([toolkit], cuda.family_pattern(stack))
+    command = for_family("debian").install_release([toolkit], families.family_pattern(stack))
     proc = subprocess.run(["sh", "-c", command], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert dict(re.findall(r"^Inst (\S+) \((\S+)", proc.stdout, re.M)) == release

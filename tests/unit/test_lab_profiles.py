@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from gpuprov.errors import InputError
+from gpuprov.core.errors import InputError
 from gpuprov.lab.profiles import assign_profiles, load_document, load_profiles, parse_profiles
 
 EXPECTED = {

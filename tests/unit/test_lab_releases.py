@@ -10,7 +10,7 @@ import docker.errors
 import pytest
 
 import gpuprov.lab
-from gpuprov.errors import InputError
+from gpuprov.core.errors import InputError
 from gpuprov.lab import hosts, images
 from gpuprov.lab.labels import HOST_ROLE, LABEL, PROFILE_LABEL, ROLE_LABEL
 from gpuprov.lab.profiles import assign_profiles

@@ -12,7 +12,7 @@ import docker.errors
 import pytest
 import requests
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 from gpuprov.lab import hosts, removal
 from gpuprov.lab.labels import HOST_ROLE, LABEL, PROFILE_LABEL, ROLE_LABEL
 from gpuprov.lab.profiles import load_profiles

@@ -31,7 +31,7 @@ from helpers.lab import (
 
 from gpuprov.lab import faults as lab_faults
 from gpuprov.lab import standins
-from gpuprov.lab.standins import gpu_profiles_table
+from gpuprov.lab.smi_answers import gpu_profiles_table
 from gpuprov.smoke import nvsmi
 
 H200 = "h200-sxm-141gb_query-gpu-allfields_590.48.01_idle.csv"
@@ -414,7 +414,7 @@ def test_fault_names_are_the_simulated_tools():
 
 
 def test_fault_specs_render_and_parse():
-    from gpuprov.errors import InputError
+    from gpuprov.core.errors import InputError
 
     Fault = lab_faults.Fault
     assert lab_faults.render(["throttle", "pcie-x8:3", Fault("gpu-missing", 7), "driver-mismatch"]) == \

@@ -74,6 +74,74 @@ def test_only_the_lab_tasks_import_the_lab():
     assert scanned > 150 and offenders == {}
 
 
+CAPABILITIES = ("provision", "harden", "monitoring", "validation", "images")
+BELOW_CAPABILITIES = ("core", "facts", "inventory", "stack", "smoke", "catalog")
+CORE_MAY_IMPORT = ("core", "facts", "inventory")
+# The declared edges between capabilities, each for a reason that is the product's, not the code's convenience.
+ALLOWED_EDGES = {
+    ("images", "validation"): "images carry and test the validation suite: its layout, wheel set and document",
+    ("harden", "monitoring"): "the firewall opens the exporters' ports from the monitoring network",
+}
+
+
+def imported_packages(path: Path) -> list[tuple[int, str]]:
+    """(line, second part of the module name) of every gpuprov import in a module: gpuprov.core.x -> core."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        found += [(node.lineno, name.split(".")[1]) for name in names
+                  if name.startswith("gpuprov.") and name.count(".") >= 1]
+    return found
+
+
+def layer_problems() -> list[str]:
+    """Imports across the layers of docs/design.md: the core imports no capability (nor the shared domain above
+    it), the shared layers import no capability, and a capability imports another only along a declared edge."""
+    problems = []
+    for path in modules():
+        own = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+        for line, other in imported_packages(path):
+            if own == "core" and other not in CORE_MAY_IMPORT:
+                problems.append(f"{path.relative_to(PROJECT)}:{line}: the core imports gpuprov.{other}")
+            elif other in CAPABILITIES and other != own and (own in BELOW_CAPABILITIES or (
+                    own in CAPABILITIES and (own, other) not in ALLOWED_EDGES)):
+                problems.append(f"{path.relative_to(PROJECT)}:{line}: {own} imports the capability {other}")
+    return problems
+
+
+def test_the_layers_import_downward_only():
+    assert layer_problems() == []
+
+
+def test_the_inventory_reaches_capabilities_only_for_their_declared_variables():
+    """The variable registry imports each capability's variables module (by name) and nothing else of it."""
+    from gpuprov.inventory.variables import CAPABILITIES as DECLARING
+
+    assert sorted(DECLARING) == sorted(f"gpuprov.{name}.variables" for name in CAPABILITIES)
+    for path in sorted((PACKAGE / "inventory").glob("*.py")):
+        for line, other in imported_packages(path):
+            assert other not in CAPABILITIES, f"{path.relative_to(PROJECT)}:{line}: imports gpuprov.{other}"
+
+
+def test_the_layer_scan_sees_a_capability_reaching_into_another(tmp_path, monkeypatch):
+    fake = tmp_path / "gpuprov"
+    for name, text in {"core/x.py": "from gpuprov.provision.run import ProvisionJob\n",
+                       "harden/y.py": "import gpuprov.validation.host\n",
+                       "images/z.py": "from gpuprov.validation import LAYOUT\n",
+                       "stack/w.py": "from gpuprov.images.tags import repository\n"}.items():
+        (fake / name).parent.mkdir(parents=True, exist_ok=True)
+        (fake / name).write_text(text)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    monkeypatch.setattr(sys.modules[__name__], "PROJECT", tmp_path)
+    assert layer_problems() == ["gpuprov/core/x.py:1: the core imports gpuprov.provision",
+                                "gpuprov/harden/y.py:1: harden imports the capability validation",
+                                "gpuprov/stack/w.py:1: stack imports the capability images"]
+
+
 def test_the_scan_finds_each_way_of_importing_the_lab(tmp_path):
     path = tmp_path / "m.py"
     path.write_text("import gpuprov.lab\nfrom gpuprov.lab.images import base_tag\nfrom gpuprov import lab\n"

@@ -10,13 +10,12 @@ from helpers.tasks import config, host_runs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuprov.errors import GpuprovError, InputError, literal
-from gpuprov.executor import Outcome
+from gpuprov.core.errors import GpuprovError, InputError, literal
+from gpuprov.core.executor import Outcome
+from gpuprov.core.report import facts_table, print_host, progress_printer, summary_table
 from gpuprov.inventory import Host
-from gpuprov.provision import HostRun
-from gpuprov.report import facts_table, progress_printer, summary_table
+from gpuprov.provision.run import ProvisionRecord
 from gpuprov.tasks import provision as provision_tasks
-from gpuprov.tasks.provision import _print_plans
 
 MARKUP = ["[gpu01]", "[10.0.0.5]:2222", "[prod]", "[/]", "[bold red]x[/bold red]", "[link=http://x]y[/link]"]
 
@@ -86,7 +85,8 @@ def test_plans_notices_and_errors_print_as_written(capsys):
                                    "diff": '+  "path": "[/]"\n-  old'}]},
              "error": {"error": "apt-get failed at [/]", "step": "apply", "command": "apt-get install [x]",
                        "hint": "look at [/var/log]"}}]
-    _print_plans(runs, dry_run=True)
+    for run in runs:
+        print_host(run, dry_run=True)
     lines = capsys.readouterr().out.splitlines()
     assert lines == [
         "[gpu01]: installing the lock /srv/[prod]/locks/[hgx].lock.yaml\\n/srv/x.yaml:1:1: forged",
@@ -105,7 +105,7 @@ def test_plans_notices_and_errors_print_as_written(capsys):
 
 
 def test_a_reports_folder_named_with_brackets_is_printed_as_it_is(tmp_path, capsys, contacted, monkeypatch):  # noqa: F811
-    host_runs(monkeypatch, lambda host: HostRun(host.name))
+    host_runs(monkeypatch, lambda host: ProvisionRecord(host.name))
     reports = tmp_path / "[prod]" / "[/]reports"
     provision_tasks.provision(config(tmp_path, reports=reports), host=["gpu01"])
     captured = capsys.readouterr()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpuprov.errors import InputError
+from gpuprov.core.errors import InputError
 from gpuprov.stack.data import OS_KEYS, table
 from gpuprov.stack.lock import drift, load_lock, locate, newer_notice, package_key, write_lock
 from gpuprov.stack.resolve import resolve

@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from gpuprov.errors import InputError
+from gpuprov.core.errors import InputError
 from gpuprov.stack.lock import load_lock
 
 GOOD = textwrap.dedent("""\
@@ -255,7 +255,7 @@ def hosts_task(tmp_path, monkeypatch):
         contacted.append(host.name)
         raise AssertionError("a host was contacted")
 
-    monkeypatch.setattr("gpuprov.executor.connect", connect)
+    monkeypatch.setattr("gpuprov.core.executor.connect", connect)
     c = Context(Config(overrides={"gpuprov": {
         "inventory": str(inventory), "locks": str(tmp_path / "locks"), "reports": str(tmp_path / "reports"),
         "known_hosts": str(tmp_path / "known_hosts")}}))

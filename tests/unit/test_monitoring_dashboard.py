@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 from gpuprov.monitoring.dashboard import build_dashboard, concrete, dashboard_json, panel_queries
 from gpuprov.monitoring.promtool import promtool_path
 

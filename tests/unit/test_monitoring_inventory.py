@@ -11,7 +11,6 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuprov.errors import InputError
 from gpuprov.inventory import InventoryError, load_inventory
 from gpuprov.monitoring.policy import build_policy
 from gpuprov.monitoring.targets import file_sd, file_sd_text, target_labels
@@ -138,12 +137,12 @@ def test_target_labels_leave_out_what_the_inventory_does_not_know(tmp_path):
 
 
 def test_the_textfile_folder_is_validates_own(tmp_path):
-    inv = load(tmp_path, "hosts:\n  h: {address: 10.0.0.7, vars: {validate: {textfile_dir: /srv/textfiles/}}}\n"
-                         "  bad: {address: 10.0.0.8, vars: {validate: {textfile_dir: 'rel/dir'}}}\n")
+    inv = load(tmp_path, "hosts:\n  h: {address: 10.0.0.7, vars: {validate: {textfile_dir: /srv/textfiles/}}}\n")
     assert build_policy(inv.host("h")).textfile_dir == "/srv/textfiles"
-    with pytest.raises(InputError, match="validate.textfile_dir must be an absolute path") as info:
-        build_policy(inv.host("bad"))
-    assert info.value.host == "bad"
+    found = errors(tmp_path, "hosts:\n  bad: {address: 10.0.0.8, vars: {validate: {textfile_dir: 'rel/dir'}}}\n")
+    assert found == [f"{tmp_path}/inv.yaml:2:60: hosts.bad.vars.validate.textfile_dir: must be an absolute path "
+                     "(letters, digits, _ . + @ / -), not 'rel/dir'; give a folder only root writes, like "
+                     "/var/lib/prometheus/node-exporter"]
 
 
 def test_a_pinned_dcgm_exporter_digest_reaches_the_policy(tmp_path):

@@ -13,11 +13,12 @@ from importlib import resources
 
 import pytest
 import yaml
+from helpers.local_host import LocalConn
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
+from gpuprov.core.operations import OpContext
 from gpuprov.monitoring import dcgm_data, deploy, exporters, timers
 from gpuprov.monitoring.policy import MonitoringPolicy
-from gpuprov.ops.base import OpContext
 
 POLICY = MonitoringPolicy(host="gpu01", address="10.20.0.11", cost_per_hour=98.32, currency="EUR")
 
@@ -42,7 +43,7 @@ def in_state(changes, packages: dict, extra_services: tuple[str, ...] = ()) -> O
         for command in change.commands:
             words = shlex.split(command)
             if words[:1] == ["mkdir"] and "printf" in words and words[-3:-1] == ["-f", words[-3 + 1]] or \
-                    words[:1] == ["mkdir"] and "printf" in words:   # gpuprov.ops.base.write_file
+                    words[:1] == ["mkdir"] and "printf" in words:   # gpuprov.core.operations.write_file
                 files[words[-1]] = words[words.index("%s") + 1]
     units = ("prometheus-node-exporter", "gpuprov-drift.timer", "gpuprov-validate-idle.timer", *extra_services)
     done = ctx(packages=packages, files=files,
@@ -322,14 +323,9 @@ def test_switching_modes_retires_the_other_exporter():
         "remove the gpuprov-dcgm-exporter container (dcgm-exporter: none)"]
 
 
-class AnsweringConn:
-    """A connection whose one command prints `stdout` (what the address check finds on the host)."""
-
-    def __init__(self, stdout: str):
-        self.stdout = stdout
-
-    def run(self, command, *, sudo=False, timeout=None, stdin=None):
-        return type("R", (), {"stdout": self.stdout, "stderr": "", "rc": 0})()
+def answering(stdout: str) -> LocalConn:
+    """A host whose one command prints `stdout` (what the address check finds there)."""
+    return LocalConn(answer=lambda command, stdin: stdout)
 
 
 @pytest.mark.parametrize("found, message", [
@@ -338,10 +334,10 @@ class AnsweringConn:
 ])
 def test_a_monitoring_address_the_host_cannot_listen_on_is_refused_before_anything_changes(found, message):
     with pytest.raises(GpuprovError) as info:
-        deploy.check_address(AnsweringConn(found), POLICY)
+        deploy.check_address(answering(found), POLICY)
     assert info.value.message.startswith(message) and info.value.host == "gpu01"
     assert "set monitoring_address" in info.value.hint
-    deploy.check_address(AnsweringConn("10.20.0.11\n"), POLICY)   # its own address: fine
+    deploy.check_address(answering("10.20.0.11\n"), POLICY)   # its own address: fine
 
 
 @pytest.mark.tool

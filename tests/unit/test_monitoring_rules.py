@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 import gpuprov.monitoring.promtool as promtool_module
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 from gpuprov.monitoring.promtool import promtool_path
 
 PROJECT = Path(__file__).resolve().parents[2]

@@ -6,16 +6,16 @@ from __future__ import annotations
 import http.server
 import json
 import os
-import socket
 import subprocess
 import threading
 import urllib.parse
 from importlib import resources
 
 import pytest
+from helpers.local_host import LocalConn
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 from gpuprov.inventory.model import Host
 from gpuprov.monitoring.idle import IdleHost, find_idle, window
 from gpuprov.monitoring.policy import MonitoringPolicy
@@ -130,47 +130,39 @@ def fake_server():
     server.shutdown()
 
 
-class TunnelConn:
-    """A connection whose tunnel is a plain TCP socket to the fake server (as a direct-tcpip channel behaves)."""
-
-    def __init__(self, port: int, address: str = "192.0.2.9", variables: dict | None = None):
-        self.port = port
-        self.host = Host("prom01", address, vars={"monitoring_address": "10.20.0.5"} if variables is None
-                         else variables)
-        self.asked = []
-
-    def open_tunnel(self, port: int, address: str = "127.0.0.1", timeout=None):
-        self.asked.append((address, port))
-        return socket.create_connection(("127.0.0.1", self.port))
+def tunnel(port: int, address: str = "192.0.2.9", variables: dict | None = None) -> LocalConn:
+    """The monitoring host, whose tunnel is a plain TCP socket to the fake server (as a direct-tcpip channel)."""
+    host = Host("prom01", address, vars={"monitoring_address": "10.20.0.5"} if variables is None else variables)
+    return LocalConn(host, tunnel_port=port)
 
 
 def test_queries_travel_through_the_ssh_tunnel_to_the_monitoring_address(fake_server):
     """Prometheus listens on the monitoring host's monitoring address only: the tunnel goes there, not to
     127.0.0.1 (nothing listens there)."""
     FakePrometheus.answers = {"up": [{"metric": {"host": "a"}, "value": [1.0, "1"]}]}
-    conn = TunnelConn(fake_server.server_address[1])
+    conn = tunnel(fake_server.server_address[1])
     prom = through_ssh(conn)
     assert prom.query("up") == [{"metric": {"host": "a"}, "value": 1.0}]
-    assert conn.asked == [("10.20.0.5", 9090)]
+    assert conn.tunnels == [("10.20.0.5", 9090)]
     assert FakePrometheus.hosts[-1] == "10.20.0.5:9090"
     with pytest.raises(GpuprovError, match=r"prom01 \(10.20.0.5:9090 through SSH\) refused .*parse error in up\)"):
         prom.query("up)")
     # no monitoring_address: the inventory address, bracketed in the Host header where it is IPv6
-    conn = TunnelConn(fake_server.server_address[1], "fd00::9", variables={})
+    conn = tunnel(fake_server.server_address[1], "fd00::9", variables={})
     through_ssh(conn).query("up")
-    assert conn.asked == [("fd00::9", 9090)] and FakePrometheus.hosts[-1] == "[fd00::9]:9090"
+    assert conn.tunnels == [("fd00::9", 9090)] and FakePrometheus.hosts[-1] == "[fd00::9]:9090"
 
 
 def test_a_refused_tunnel_names_prometheus_and_what_to_do():
     import paramiko
 
-    class Refused(TunnelConn):
+    class Refused(LocalConn):
         def open_tunnel(self, port, address="127.0.0.1", timeout=None):
             raise paramiko.ChannelException(2, "Connect failed")
 
     with pytest.raises(GpuprovError, match=r"did not answer /api/v1/query\?query=up: the SSH tunnel to "
                                            r"10.20.0.5:9090 was refused \(Connect failed\)") as info:
-        through_ssh(Refused(1)).query("up")
+        through_ssh(Refused(tunnel(1).host)).query("up")
     assert "invoke monitoring.server" in info.value.hint
 
 
@@ -200,7 +192,7 @@ def test_idle_gpus_cost_their_share_of_the_host(fake_server):
                                       ({"host": "gpu02", "gpu": "0"}, 7200)),
         queries["gpus"]: vector(({"host": "gpu01"}, 8), ({"host": "gpu02"}, 4), ({"host": "gpu03"}, 4)),
     }
-    prom = through_ssh(TunnelConn(fake_server.server_address[1]))
+    prom = through_ssh(tunnel(fake_server.server_address[1]))
     found = find_idle(prom, 6, 5, {"gpu01": (98.32, "USD"), "gpu02": (None, "USD")})
     assert [h.host for h in found] == ["gpu01", "gpu02"]
     one, two = found

@@ -17,12 +17,12 @@ import threading
 import pytest
 import yaml
 
+from gpuprov.core.operations import OpContext
 from gpuprov.monitoring import server
 from gpuprov.monitoring.policy import MonitoringPolicy
 from gpuprov.monitoring.promtool import promtool_path
 from gpuprov.monitoring.query import at_url
 from gpuprov.monitoring.targets import file_sd_text, prometheus_config, scrape_configs
-from gpuprov.ops.base import OpContext
 
 POLICY = MonitoringPolicy(host="prom01", address="10.20.0.5", scrape_interval_s=15)
 JOBS = {"gpuprov-node": [{"targets": ["10.20.0.11:9100"], "labels": {"host": "gpu01"}}], "gpuprov-dcgm": []}
@@ -181,3 +181,27 @@ def test_a_real_prometheus_listens_where_told_and_stores_every_series_under_its_
         process.terminate()
         process.wait(timeout=60)
         exporter.shutdown()
+
+
+def run_steps(change, promtool: str) -> subprocess.CompletedProcess:
+    """A change's commands as the apply batch runs a step (`set -e`), with this promtool first on PATH."""
+    path = f"{os.path.dirname(promtool)}:{os.environ['PATH']}"
+    return subprocess.run(["sh", "-ec", "\n".join(change.commands)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PATH": path})
+
+
+@pytest.mark.tool
+def test_promtool_judges_a_file_before_it_replaces_the_old_one(promtool, tmp_path):
+    rules, config = tmp_path / "gpuprov.rules.yml", tmp_path / "prometheus.yml"
+    config.write_text("global:\n  scrape_interval: 15s\n")
+    accepted = server.checked_file(ctx(), str(rules), server.rules_text(), "promtool check rules %s", "rules")
+    done = run_steps(accepted, promtool)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert rules.read_text() == server.rules_text()
+    broken = "global:\n  scrape_interval: soon\n"
+    rejected = server.checked_file(ctx({str(config): config.read_text()}), str(config), broken,
+                                   "promtool check config %s", "configuration")
+    done = run_steps(rejected, promtool)
+    assert done.returncode != 0 and f"promtool check config rejected {config}" in done.stderr
+    assert config.read_text() == "global:\n  scrape_interval: 15s\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["gpuprov.rules.yml", "prometheus.yml"]

@@ -8,10 +8,10 @@ import subprocess
 import pytest
 from helpers.ops import CA_PEM, bare_facts, ctx_for, make_repo, make_stack, provisioned_facts
 
-from gpuprov.errors import GpuprovError, InputError
-from gpuprov.ops import COMPONENTS, plan_changes
-from gpuprov.ops.base import parse_versionlock, unified_diff, write_file
-from gpuprov.ops.pkg import for_family
+from gpuprov.core.errors import GpuprovError, InputError
+from gpuprov.core.operations import managed_file, parse_versionlock, unified_diff, write_file
+from gpuprov.core.packages import for_family
+from gpuprov.provision.ops import COMPONENTS, plan_changes
 
 
 def tokens(change_or_commands) -> list[list[str]]:
@@ -34,6 +34,26 @@ def test_write_file_is_atomic_and_keeps_metacharacters_literal(tmp_path):
     assert not marker.exists()
     assert oct(target.stat().st_mode & 0o777) == "0o600"
     assert not (tmp_path / "etc" / "conf.gpuprov.tmp").exists()
+
+
+def test_a_file_the_validator_rejects_never_replaces_the_old_one(tmp_path):
+    """The validator runs on the staged file before the rename; paths with shell metacharacters stay one word."""
+    target = tmp_path / "it's $(here)" / "conf"
+    target.parent.mkdir()
+    target.write_text("ok old\n")
+
+    def apply(content: str) -> subprocess.CompletedProcess:
+        change = managed_file("test", str(target), target.read_text(), content, "test",
+                              validate="grep -q '^ok' %s", rejected="grep said no", then=("echo reloaded",))
+        return subprocess.run(["sh", "-ec", "\n".join(change.commands)], capture_output=True, text=True)
+
+    refused = apply("bad\n")
+    assert refused.returncode == 1 and refused.stderr.startswith("grep said no: ")
+    assert "reloaded" not in refused.stdout
+    assert target.read_text() == "ok old\n" and sorted(p.name for p in target.parent.iterdir()) == ["conf"]
+    accepted = apply("ok new\n")
+    assert accepted.returncode == 0 and accepted.stdout == "reloaded\n"
+    assert target.read_text() == "ok new\n" and sorted(p.name for p in target.parent.iterdir()) == ["conf"]
 
 
 def test_unified_diff_names_created_and_removed_files():

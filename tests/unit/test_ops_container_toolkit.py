@@ -8,8 +8,8 @@ import shlex
 import pytest
 from helpers.ops import bare_facts, ctx_for, make_repo, make_stack, provisioned_facts
 
-from gpuprov.errors import GpuprovError
-from gpuprov.ops import container_toolkit as ctk
+from gpuprov.core.errors import GpuprovError
+from gpuprov.provision.ops import container_toolkit as ctk
 
 
 def plan(facts, stack=None):

@@ -11,8 +11,9 @@ import subprocess
 import pytest
 from helpers.ops import bare_facts, ctx_for, make_repo, make_stack, pkgs, provisioned_facts
 
-from gpuprov.errors import GpuprovError
-from gpuprov.ops import cuda
+from gpuprov.core.errors import GpuprovError
+from gpuprov.provision.ops import cuda
+from gpuprov.stack import families
 
 
 def plan(facts, stack):
@@ -187,4 +188,4 @@ def test_in_state_cuda_changes_nothing():
     ("cuda-compiler-12-6", False), ("cuda-toolkit-13-config-common", False), ("libnccl2", False),
     ("cuda-drivers-570", False), ("gcc-12", False), ("libcublas-12-80", False)])
 def test_the_toolkit_family_by_name(name, member):
-    assert cuda.in_family(name, cuda.family_pattern(make_stack())) is member
+    assert families.in_family(name, families.family_pattern(make_stack())) is member

@@ -7,9 +7,9 @@ import shlex
 import pytest
 from helpers.ops import bare_facts, ctx_for, make_repo, make_stack, provisioned_facts
 
-from gpuprov.errors import InputError
-from gpuprov.ops import driver, pins
-from gpuprov.ops.pkg import for_family
+from gpuprov.core.errors import InputError
+from gpuprov.core.packages import for_family
+from gpuprov.provision.ops import driver, pins
 
 
 def plan(facts, stack=None):
@@ -129,7 +129,7 @@ def test_injected_version_in_the_stack_is_rejected():
 
 def test_unversioned_driver_package_of_another_branch_is_replaced():
     """From R590 the driver is `nvidia-open` with no branch in its name: going back to 580 removes it."""
-    from gpuprov.ops.driver import stale_packages, version_branch
+    from gpuprov.provision.ops.driver import stale_packages, version_branch
 
     facts = bare_facts()
     facts["packages"] = {"nvidia-open": "595.58.03-1", "nvidia-driver-pinning-595": "595.58.03-1",

@@ -8,8 +8,8 @@ import shlex
 import pytest
 from helpers.ops import KERNEL, bare_facts, ctx_for, make_repo, make_stack, provisioned_facts
 
-from gpuprov.errors import GpuprovError
-from gpuprov.ops import kernel
+from gpuprov.core.errors import GpuprovError
+from gpuprov.provision.ops import kernel
 
 
 def plan(facts):

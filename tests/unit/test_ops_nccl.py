@@ -6,7 +6,7 @@ import shlex
 
 from helpers.ops import bare_facts, ctx_for, make_repo, make_stack, provisioned_facts
 
-from gpuprov.ops import nccl
+from gpuprov.provision.ops import nccl
 
 
 def test_apt_and_dnf_install_runtime_and_dev_at_the_exact_version():

@@ -9,10 +9,9 @@ import subprocess
 import pytest
 from helpers.ops import bare_facts, ctx_for, make_repo, make_stack, pkgs, provisioned_facts
 
-from gpuprov.errors import InputError
-from gpuprov.ops import driver, pins
-from gpuprov.ops.base import VERSIONLOCK_LIST
-from gpuprov.ops.pkg import for_family
+from gpuprov.core.errors import InputError
+from gpuprov.core.packages import VERSIONLOCK_LIST, for_family
+from gpuprov.provision.ops import driver, pins
 
 # Written from apt_preferences(5) and NVIDIA's cuda-<distro>.pin (`Package: *` / `Pin: release l=NVIDIA CUDA` /
 # `Pin-Priority: 600`).
@@ -207,7 +206,7 @@ def test_a_package_pinned_twice_at_different_versions_is_refused():
 
 
 def test_a_bare_plan_writes_the_preferences_once_before_the_driver_is_installed():
-    from gpuprov.ops import plan_changes
+    from gpuprov.provision.ops import plan_changes
 
     changes = plan_changes(ctx_for(bare_facts(), make_stack(nvswitch=True, fourth_gen=True)))
     commands = [command for change in changes for command in change.commands]

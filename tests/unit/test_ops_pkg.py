@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuprov.errors import InputError
-from gpuprov.ops.pkg import Package, for_family
+from gpuprov.core.errors import InputError
+from gpuprov.core.packages import Package, for_family
 
 APT_COMMON = ["DEBIAN_FRONTEND=noninteractive", "-o", "DPkg::Lock::Timeout=120",
               "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuprov.errors import InputError
-from gpuprov.ops.repo import repo_label, repo_url
+from gpuprov.core.errors import InputError
+from gpuprov.provision.ops.repo import repo_label, repo_url
 
 BASE = "https://developer.download.nvidia.com/compute/cuda/repos/"
 

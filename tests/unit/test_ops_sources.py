@@ -8,13 +8,12 @@ import shutil
 import subprocess
 
 import pytest
-from helpers.ops import CA_PEM, FPR, bare_facts, ctx_for, make_repo, make_stack, provisioned_facts
+from helpers.ops import FPR, bare_facts, ctx_for, make_repo, make_stack, provisioned_facts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuprov.errors import InputError, mask_credentials
-from gpuprov.ops import sources
-from gpuprov.ops.pkg import for_family
+from gpuprov.core.errors import InputError, mask_credentials
+from gpuprov.provision.ops import sources
 
 
 def plan(family="debian", facts=None, **repo):
@@ -22,43 +21,8 @@ def plan(family="debian", facts=None, **repo):
     return list(sources.changes(ctx_for(facts, make_stack(family), make_repo(**repo))))
 
 
-def test_bare_debian_host_gets_key_list_and_one_index_refresh():
-    changes = plan()
-    assert [c.summary.split(" ")[0] for c in changes] == ["install", "create", "refresh"]
-    key, listing, refresh = changes
-    assert f"install repository signing key {FPR}" in key.summary
-    assert "gpg --batch --with-colons --show-keys" in key.commands[1]
-    assert f"install -m 0644 \"$d/out\" {sources.APT_KEYRING}" in key.commands[1]
-    assert "curl -fsSL" in key.commands[1] and make_repo().key_url in key.commands[1]
-    assert listing.diff.endswith(
-        f"+deb [signed-by={sources.APT_KEYRING}] {make_repo().url} /\n")
-    assert refresh.commands == (for_family("debian").update(),)
-    assert not any(c.reboot for c in changes)
-
-
-def test_proxy_and_ca_are_written_and_trusted_on_debian():
-    changes = plan(proxy="http://proxy.internal:3128", ca_pem=CA_PEM)
-    by_path = {c.summary.split(" ")[1]: c for c in changes if c.summary.startswith("create")}
-    proxy = by_path[sources.APT_PROXY]
-    assert 'Acquire::https::Proxy "http://proxy.internal:3128";' in proxy.diff
-    ca = by_path[sources.DEB_CA]
-    assert ca.commands[-1] == "update-ca-certificates"
-    assert "ca-certificates curl gnupg" in ca.commands[0]
-    key = next(c for c in changes if "signing key" in c.summary)
-    assert "printf 'proxy = \"%s\"\\n' http://proxy.internal:3128 | curl -K - " in key.commands[1]
-
-
-def test_rhel_repo_file_checks_signatures_with_the_verified_key():
-    changes = plan("rhel", url="https://mirror.internal/rhel9/", proxy="http://p:3128", ca_pem=CA_PEM)
-    repo = next(c for c in changes if sources.DNF_REPO in c.summary)
-    for line in ("baseurl=https://mirror.internal/rhel9/", "gpgcheck=1",
-                 f"gpgkey=file://{sources.RPM_KEY}", "proxy=http://p:3128", "module_hotfixes=1"):
-        assert f"+{line}\n" in repo.diff
-    ca = next(c for c in changes if sources.RHEL_CA in c.summary)
-    assert ca.commands[-1] == "update-ca-trust"
-    key = next(c for c in changes if "signing key" in c.summary)
-    assert "--armor --export" in key.commands[1] and sources.RPM_KEY in key.commands[1]
-    assert changes[-1].commands == ("dnf -y makecache",)
+# The bare Debian host, Debian with a proxy and a CA, and the RHEL repo file are data cases:
+# tests/unit/operations/sources/*.json.
 
 
 def test_in_state_sources_change_nothing_and_removed_proxy_is_removed():
@@ -257,7 +221,7 @@ def test_armored_export_for_rpm(tmp_path, keys):
 def test_the_key_fetch_gives_curl_its_proxy_on_stdin():
     """curl reads `proxy = "URL"` from `-K -`: the request goes to the proxy (a closed local port here), and the
     proxy's login never appears on a command line."""
-    from gpuprov.ops.sources import key_command
+    from gpuprov.provision.ops.sources import key_command
 
     command = key_command("http://key.invalid/key.pub", None, FPR, "/nonexistent/k.gpg", False, "/nonexistent/s",
                           "http://user:pw@127.0.0.1:9")

@@ -3,7 +3,7 @@ contacted (a file, an unwritable folder or an uncreatable one is exit 2 naming t
 do; a missing one is created when written, and said), and a run that fails midway (a host raising, a gpuprov bug
 in one host's worker, Ctrl-C) still writes its report with what completed.
 
-Hosts are stand-ins: `gpuprov.executor.connect` is replaced, so nothing leaves this machine."""
+Hosts are stand-ins: `gpuprov.core.executor.connect` is replaced, so nothing leaves this machine."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from helpers.tasks import INVENTORY, config, exit_code, host_runs
 
-from gpuprov.errors import GpuprovError, InputError
-from gpuprov.executor import RunInterrupted, Settings, run_on_hosts
+from gpuprov.core.errors import GpuprovError, InputError
+from gpuprov.core.executor import RunInterrupted, Settings, run_on_hosts
+from gpuprov.core.report import check_folder
 from gpuprov.inventory import Host
-from gpuprov.provision import HostRun
-from gpuprov.report import check_folder
+from gpuprov.provision.run import ProvisionRecord
 from gpuprov.tasks import provision as provision_tasks
 from gpuprov.tasks import stack as stack_tasks
 
@@ -89,7 +89,7 @@ def test_a_read_only_folder_is_found_for_real(tmp_path):
 
 
 def test_a_missing_reports_folder_is_created_and_said(tmp_path, capsys, contacted, monkeypatch):
-    host_runs(monkeypatch, lambda host: HostRun(host.name))
+    host_runs(monkeypatch, lambda host: ProvisionRecord(host.name))
     reports = tmp_path / "out" / "reports"
     provision_tasks.provision(config(tmp_path, reports=reports), host=["gpu01"])
     captured = capsys.readouterr()
@@ -155,7 +155,7 @@ def test_a_host_that_fails_midway_is_in_the_report_with_the_others(tmp_path, cap
     def behave(host):
         if host.name == "gpu02":
             raise GpuprovError("apt-get failed", host=host.name, step="apply")
-        return HostRun(host.name)
+        return ProvisionRecord(host.name)
 
     host_runs(monkeypatch, behave)
     code, _ = exit_code(provision_tasks.provision, config(tmp_path), capsys, group=["hgx"])
@@ -170,7 +170,7 @@ def test_a_gpuprov_bug_in_one_worker_is_that_hosts_failure(tmp_path, capsys, con
     def behave(host):
         if host.name == "gpu01":
             raise exc
-        return HostRun(host.name)
+        return ProvisionRecord(host.name)
 
     host_runs(monkeypatch, behave)
     code, _ = exit_code(provision_tasks.provision, config(tmp_path), capsys, group=["hgx"])
@@ -192,7 +192,7 @@ def test_ctrl_c_finishes_the_hosts_in_progress_and_writes_the_report(tmp_path, c
         time.sleep(0.3)  # the run is waiting for its hosts by now
         interrupt_main()
         time.sleep(0.3)
-        return HostRun(host.name)
+        return ProvisionRecord(host.name)
 
     host_runs(monkeypatch, behave)
     code, err = exit_code(provision_tasks.provision, config(tmp_path), capsys, all=True, parallel="1")
@@ -233,8 +233,8 @@ def test_a_second_ctrl_c_stops_waiting_and_closes_the_connections(tmp_path, cont
 
 
 def test_the_report_names_stay_unique(tmp_path, contacted, monkeypatch, capsys):
-    host_runs(monkeypatch, lambda host: HostRun(host.name))
-    monkeypatch.setattr("gpuprov.report._stamp", lambda: "20260101T000000Z")
+    host_runs(monkeypatch, lambda host: ProvisionRecord(host.name))
+    monkeypatch.setattr("gpuprov.core.report._stamp", lambda: "20260101T000000Z")
     for _ in range(2):
         provision_tasks.provision(config(tmp_path), host=["gpu01"])
     assert sorted(p.name for p in (tmp_path / "reports").iterdir()) == [

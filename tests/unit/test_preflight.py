@@ -18,11 +18,11 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from gpuprov.debversion import compare_versions, nearest
+from gpuprov.core.debversion import compare_versions, nearest
+from gpuprov.core.packages import Package
 from gpuprov.facts.parsers import parse_secure_boot
-from gpuprov.ops import RepoSpec
-from gpuprov.ops.pkg import Package
-from gpuprov.preflight import evaluate, parse_probe, probe_command
+from gpuprov.provision.ops import RepoSpec
+from gpuprov.provision.preflight import evaluate, parse_probe, probe_command
 
 SECRET = "s3cr3t-pw"
 

@@ -3,9 +3,10 @@
 import pytest
 import yaml
 
-from gpuprov.errors import InputError
+from gpuprov.core.errors import InputError
 from gpuprov.inventory import Host
-from gpuprov.provision import Options, stack_for
+from gpuprov.provision.run import Options
+from gpuprov.stack.host import stack_for
 from gpuprov.stack.lock import load_lock, lock_path_for, write_lock
 from gpuprov.stack.resolve import resolve_for_host
 

@@ -3,16 +3,18 @@ gathered once more only after a reboot; a run with nothing to do makes one round
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from helpers.ops import bare_facts, make_repo, make_stack, provisioned_facts
 
-import gpuprov.apply
+import gpuprov.core.apply
 import gpuprov.facts.gather
-import gpuprov.plan
-import gpuprov.provision
-from gpuprov.apply import StepResult
+import gpuprov.provision.plan
+import gpuprov.provision.run
+from gpuprov.core.apply import StepResult
 from gpuprov.inventory import Host
-from gpuprov.provision import Options, provision_host
+from gpuprov.provision.run import Options, ProvisionJob
 
 STACK = make_stack()
 
@@ -24,7 +26,7 @@ class Calls:
         self.gathers, self.applies, self.plans, self.reboots = 0, [], 0, 0
         self.facts = first
         done = provisioned_facts("debian", STACK, make_repo())
-        plan_host = gpuprov.plan.plan_host
+        plan_host = gpuprov.provision.plan.plan_host
 
         def gather(conn, files=()):
             self.gathers += 1
@@ -45,17 +47,17 @@ class Calls:
             self.reboots += 1
 
         monkeypatch.setattr(gpuprov.facts.gather, "gather", gather)
-        monkeypatch.setattr(gpuprov.apply, "apply_changes", apply_changes)
-        monkeypatch.setattr(gpuprov.plan, "plan_host", plan)
-        monkeypatch.setattr(gpuprov.provision, "reboot_and_wait", reboot)
-        monkeypatch.setattr(gpuprov.provision, "stack_for", lambda host, facts, options: (STACK, None, []))
+        monkeypatch.setattr(gpuprov.core.apply, "apply_changes", apply_changes)
+        monkeypatch.setattr(gpuprov.provision.plan, "plan_host", plan)
+        monkeypatch.setattr(gpuprov.provision.run, "reboot_and_wait", reboot)
+        monkeypatch.setattr(gpuprov.provision.run, "stack_for", lambda host, facts, options: (STACK, None, []))
 
 
 HOST = Host(name="gpu01", address="10.0.0.1")
 
 
 def run(options: Options):
-    return provision_host(object(), HOST, None, options)
+    return ProvisionJob(options, None).run_host(SimpleNamespace(host=HOST), lambda what: None)
 
 
 @pytest.mark.parametrize(("reboot", "gathers", "reboots", "plans"), [("never", 1, 0, 2), ("if-needed", 2, 1, 3)])

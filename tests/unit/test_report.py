@@ -5,8 +5,8 @@ import threading
 
 import pytest
 
-from gpuprov import report
-from gpuprov.report import write_json_report
+from gpuprov.core import report
+from gpuprov.core.report import write_json_report
 
 
 def test_two_reports_in_the_same_second_keep_both(tmp_path, monkeypatch):

@@ -6,7 +6,7 @@ import pytest
 from helpers.pins import BAD_IDS, BAD_PINS, UNKNOWN_GPU
 
 from gpuprov.catalog import lookup
-from gpuprov.errors import InputError
+from gpuprov.core.errors import InputError
 from gpuprov.stack.data import branch_of, table, vkey
 from gpuprov.stack.resolve import Stack, StackConflict, cuda_problem, ngc_problem, resolve, resolve_for_host
 from gpuprov.stack.rules import check_stack

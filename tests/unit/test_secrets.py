@@ -1,4 +1,4 @@
-"""gpuprov.secrets: secrets registered by value never survive in masked output, whatever surrounds them; the
+"""gpuprov.core.secrets: secrets registered by value never survive in masked output, whatever surrounds them; the
 patterns mask what gpuprov was never told about; and a sudo password never reaches the command's stdin, also where
 sudo does not ask for it (NOPASSWD), judged by a real shell running the wrapped command."""
 
@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuprov import connection, secrets
-from gpuprov.connection import HostConnection, SudoError
-from gpuprov.errors import GpuprovError, InputError
+from gpuprov.core import connection, secrets
+from gpuprov.core.connection import HostConnection, SudoError
+from gpuprov.core.errors import GpuprovError, InputError
+from gpuprov.core.json_text import dump_json
 from gpuprov.images.push import registry_auth
-from gpuprov.json_text import dump_json
 
 
 @contextmanager
@@ -262,9 +262,41 @@ def test_the_sudo_password_is_masked_in_every_output_once_set():
 def test_mirror_and_proxy_passwords_are_registered_when_provisioning_plans_them():
     from helpers.ops import bare_facts, ctx_for, make_repo, make_stack
 
-    from gpuprov.ops import sources
+    from gpuprov.provision.ops import sources
 
     repo = make_repo(url="https://bob:Mi%40rr0r@mirror.internal/d/", proxy="http://px:Pr0xy%21@p:3128")
     list(sources.changes(ctx_for(bare_facts(), make_stack(), repo)))
     shown = secrets.mask("apt: 401 for bob with Mi@rr0r; proxy px refused Pr0xy!")
     assert shown == "apt: 401 for bob with ***; proxy px refused ***"
+
+
+KEYS = ["password", "PassWord", "pa\u017f\u017fword", "token", "to\u212aen", "TOKEN", "secret", "db_secret",
+        "\"password\"", "'token'"]
+SCHEMES = ["Bearer", "basic", "TOKEN", "Digest"]
+AUTHORIZATION = ["authorization", "Authorization", "author\u0130zat\u0131on", "AUTHORIZATION", "\"authorization\""]
+VALUES = ["x", "s3cr3t", "\"q w\"", "'q'", "a\\\"b", ""]
+NOISE = ["", " ", "\n", "x", "key", "url ", "=", ":", "@"]
+SETTING = st.tuples(st.sampled_from(KEYS), st.sampled_from(["=", ": ", " = ", ":", "\t:\t"]),
+                    st.sampled_from(VALUES)).map("".join)
+HEADER = st.tuples(st.sampled_from(AUTHORIZATION), st.sampled_from([": ", "=", ":"]), st.sampled_from(SCHEMES),
+                   st.just(" "), st.sampled_from(VALUES)).map("".join)
+LOGIN = st.tuples(st.sampled_from(["https", "HTTP", "ssh", "git+ssh"]), st.just("://"),
+                  st.sampled_from(["u:p", "tok", "u:p@ss", "git"]), st.just("@host/x")).map("".join)
+AUTH_CONF = st.sampled_from(["machine h login u password ", "machine h login u password \"q\"", "Machine h"]).map(
+    lambda head: head + "pw")
+PIECE = st.one_of(SETTING, HEADER, LOGIN, AUTH_CONF, st.sampled_from(NOISE))
+
+
+@given(st.lists(PIECE, max_size=5).map("".join))
+@settings(max_examples=500, deadline=None)
+def test_the_quick_word_checks_never_skip_what_the_patterns_mask(text):
+    """mask() runs each pattern only where its words are present; on text made of settings, headers, URL logins and
+    auth.conf entries (their words in other cases and with the Unicode letters re.IGNORECASE takes for ASCII
+    ones), masking equals applying every pattern unconditionally."""
+    module = secrets
+    everything = module._by_value(text, set())
+    for pattern, replace in ((module._URL_LOGIN, module._url_login), (module._AUTH_CONF, r"\g<1>" + module.MASK),
+                             (module._AUTHORIZATION, module._keep_quotes),
+                             (module._QUOTED_SETTING, module._keep_quotes), (module._SETTING, module._setting)):
+        everything = pattern.sub(replace, everything)
+    assert secrets.mask(text) == module._by_value(everything, set())

@@ -14,8 +14,8 @@ from invoke import Collection, Config, Context, task
 from invoke.exceptions import Exit
 
 from gpuprov import __version__
-from gpuprov.executor import Outcome
-from gpuprov.json_text import dump_json
+from gpuprov.core.executor import Outcome
+from gpuprov.core.json_text import dump_json
 from gpuprov.program import GpuprovProgram
 from gpuprov.tasks import facts as facts_tasks
 from gpuprov.tasks import harden as harden_tasks
@@ -60,7 +60,7 @@ class Executor(list):
 
 @pytest.fixture
 def contacted(monkeypatch) -> Executor:
-    import gpuprov.executor
+    import gpuprov.core.executor
 
     calls = Executor()
 
@@ -68,7 +68,7 @@ def contacted(monkeypatch) -> Executor:
         calls.append((hosts, settings))
         return [] if calls.facts is None else [Outcome(host=h, value=calls.facts) for h in hosts]
 
-    monkeypatch.setattr(gpuprov.executor, "run_on_hosts", record)
+    monkeypatch.setattr(gpuprov.core.executor, "run_on_hosts", record)
     return calls
 
 

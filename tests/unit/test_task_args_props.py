@@ -70,7 +70,7 @@ def clean_environment(monkeypatch, tmp_path):
 
 @pytest.fixture
 def contacted(monkeypatch) -> list:
-    import gpuprov.executor
+    import gpuprov.core.executor
 
     calls: list = []
 
@@ -78,7 +78,7 @@ def contacted(monkeypatch) -> list:
         calls.append(settings)
         return []
 
-    monkeypatch.setattr(gpuprov.executor, "run_on_hosts", record)
+    monkeypatch.setattr(gpuprov.core.executor, "run_on_hosts", record)
     return calls
 
 

@@ -21,8 +21,8 @@ from types import SimpleNamespace
 import pytest
 from helpers.local_host import LocalConn, make_wheel, tiny_wheelhouse
 
-from gpuprov.connection import Result
-from gpuprov.errors import GpuprovError
+from gpuprov.core.connection import Result
+from gpuprov.core.errors import GpuprovError
 from gpuprov.validation import Layout
 from gpuprov.validation.env import (
     MANIFEST,

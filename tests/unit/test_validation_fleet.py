@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 from gpuprov.validation.fleet import Sample, figures_of, group_of, outliers, recent_samples
-from gpuprov.validation.host import HostValidation, apply_fleet
+from gpuprov.validation.host import ValidationRecord, apply_fleet
 
 GROUP = "H100-SXM (GPU, quick)"
 
@@ -128,11 +128,11 @@ def test_group_names_the_measuring_device():
     assert group_of("L40S", {"cuda": "12.8"}, False, "burn-in") == "L40S (CPU, burn-in)"
 
 
-def runs_of(*values) -> list[HostValidation]:
+def runs_of(*values) -> list[ValidationRecord]:
     """This run's hosts gpu01, gpu02, ... (H100-SXM on GPUs) with perf.matmul results of these bf16 figures."""
     runs = []
     for i, value in enumerate(values, 1):
-        run = HostValidation(f"gpu{i:02d}", gpu="H100-SXM", outlier_pct=10.0, config={"gpus_visible": True},
+        run = ValidationRecord(f"gpu{i:02d}", gpu="H100-SXM", outlier_pct=10.0, config={"gpus_visible": True},
                              versions={"cuda": "12.8"})
         run.results = [matmul(value)]
         runs.append(run)
@@ -141,7 +141,7 @@ def runs_of(*values) -> list[HostValidation]:
 
 def test_apply_fleet_adds_results_to_this_runs_hosts(tmp_path):
     runs = runs_of(100.0, 98.0, 85.0, 99.0)
-    failed = HostValidation("gpu05", error={"error": "cannot reach"})
+    failed = ValidationRecord("gpu05", error={"error": "cannot reach"})
     apply_fleet([*runs, failed], tmp_path, strict=False)
     assert [r.results[-1]["status"] for r in runs] == ["pass", "pass", "fail", "pass"]
     assert failed.results == []
@@ -162,8 +162,9 @@ def test_a_forged_document_is_its_hosts_failure_and_never_a_peer(tmp_path):
     import json
 
     from gpuprov.catalog import lookup
-    from gpuprov.executor import Outcome
-    from gpuprov.validation.host import failed_run
+    from gpuprov.core.executor import Outcome
+    from gpuprov.core.runtime import failed_entry
+    from gpuprov.validation.host import RunOptions, ValidateJob
     from gpuprov.validation.suite import parse_document
     from gpuprov.validation.suite_config import datasheet
 
@@ -176,7 +177,10 @@ def test_a_forged_document_is_its_hosts_failure_and_never_a_peer(tmp_path):
         with pytest.raises(GpuprovError) as caught:
             parse_document(name, json.dumps(document), datasheet=sheet)
         outcomes.append(Outcome(type("H", (), {"name": name, "address": "192.0.2.1"})(), error=caught.value))
-    forged = [failed_run(o) for o in outcomes]
+    job = ValidateJob(RunOptions())
+    for outcome in outcomes:
+        failed_entry(job, outcome)          # the runtime's entry of a failed host: made from the job's record
+    forged = [job.records[o.host.name] for o in outcomes]
     assert "results[0].figures: must be a mapping, not list [1, 2]" in forged[0].error["error"]
     assert ("results[0].figures.bf16_tflops: perf.matmul bf16_tflops 1e+300 TFLOP/s is above what the GPU can do: "
             "1038.45 (the datasheet's bf16_tflops 989 + 5 %)") in forged[1].error["error"]

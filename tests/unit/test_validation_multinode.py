@@ -19,10 +19,10 @@ from types import SimpleNamespace
 import pytest
 from helpers.local_host import LocalConn
 
-from gpuprov.errors import GpuprovError
-from gpuprov.executor import Outcome, Settings
+from gpuprov.core.errors import GpuprovError
+from gpuprov.core.executor import Outcome, Settings
 from gpuprov.validation import Layout
-from gpuprov.validation.host import HostValidation
+from gpuprov.validation.host import ValidationRecord
 from gpuprov.validation.multinode import (
     Node,
     firewall_rules,
@@ -281,11 +281,11 @@ def test_a_rendezvous_host_without_nft_is_refused(layout):
 
 
 def test_nodes_from_validation_runs():
-    gpu = HostValidation("gpu01", results=[{"check": "host.gpus", "status": "pass"}], versions={"cuda": "12.8"},
+    gpu = ValidationRecord("gpu01", results=[{"check": "host.gpus", "status": "pass"}], versions={"cuda": "12.8"},
                          config={"gpus_visible": True, "expect": {"count": 8}})
-    lab = HostValidation("lab01", results=[{"check": "host.gpus", "status": "pass"}], versions={"cuda": None},
+    lab = ValidationRecord("lab01", results=[{"check": "host.gpus", "status": "pass"}], versions={"cuda": None},
                          config={"gpus_visible": True, "expect": {"count": 8}})
-    down = HostValidation("gpu02", error={"error": "cannot reach 10.1.0.12:22"})
+    down = ValidationRecord("gpu02", error={"error": "cannot reach 10.1.0.12:22"})
     settings = {"gpu01": "10.1.0.11", "lab01": "172.20.0.2", "gpu02": "10.1.0.12"}
     found = nodes_for([gpu, lab, down], hosts("gpu01", "lab01", "gpu02"),
                       lambda h: SimpleNamespace(cluster_address=settings[h.name]))

@@ -1,21 +1,24 @@
 """validate's reports: JUnit XML read back with xml.etree by the JUnit schema's element names, the Prometheus
-textfile read back with prometheus_client's own parser, the JSON report, the exit code, and the textfile placed
-on the host through a temporary file in the textfile folder."""
+textfile read back with prometheus_client's own parser, the JSON report, the exit code (the fleet runtime's, with
+validate's `failing`), Ctrl-C, and the textfile placed on the host through a temporary file in the textfile
+folder."""
 
 from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+from types import SimpleNamespace
 
 import pytest
+from helpers.local_host import LocalConn
 from invoke import Config, Context
 from invoke.exceptions import Exit
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuprov.connection import Result
-from gpuprov.executor import Outcome
-from gpuprov.report import junit_report, prometheus_textfile
-from gpuprov.validation.host import TEXTFILE, HostValidation, exit_code, publish_textfile
+from gpuprov.core.errors import GpuprovError, InputError
+from gpuprov.core.executor import Outcome, RunInterrupted
+from gpuprov.validation.host import TEXTFILE, RunOptions, ValidateJob, ValidationRecord, publish_textfile
+from gpuprov.validation.report import junit_report, prometheus_textfile
 from gpuprov.validation.suite import parse_document
 
 # A suite document as the runner prints it (the schema of docs: schema 1, versions, results with figures).
@@ -48,7 +51,7 @@ DOCUMENT = {
 
 def host_entry(document: dict = DOCUMENT, name: str = "gpu01") -> dict:
     doc = parse_document(name, json.dumps(document))
-    run = HostValidation(name, address="10.0.0.11", gpu="H100-SXM", started=1788256800.0, seconds=44.0,
+    run = ValidationRecord(name, address="10.0.0.11", gpu="H100-SXM", started=1788256800.0, seconds=44.0,
                          versions=doc["versions"], results=doc["results"], config={"gpus_visible": True})
     return run.to_dict()
 
@@ -107,16 +110,54 @@ def test_textfile_without_per_gpu_figures_labels_them_all():
     assert found == {("all", "bf16"): 700.5, ("all", "fp16"): 705.0, ("all", "tf32"): 360.0}
 
 
-def test_exit_code():
+def test_a_failed_check_or_textfile_is_failing():
+    job = ValidateJob(RunOptions())
     failing = host_entry()
     assert failing["status"] == "fail" and failing["counts"] == {"pass": 3, "fail": 1, "warn": 1, "skip": 1}
-    assert exit_code([failing]) == 1
+    assert job.failing(failing)
     passing = json.loads(json.dumps(DOCUMENT))
     passing["results"] = [r for r in passing["results"] if r["status"] != "fail"]
     entry = host_entry(passing)
-    assert entry["status"] == "warn" and exit_code([entry]) == 0
-    assert exit_code([{"host": "x", "results": [], "error": {"error": "bad", "input_error": True}}]) == 2
-    assert exit_code([{"host": "x", "results": [], "error": {"error": "down", "input_error": False}}]) == 1
+    assert entry["status"] == "warn" and not job.failing(entry)
+    assert job.failing(entry | {"textfile": {"path": "/srv/prom/gpuprov_validate.prom", "error": "refused"}})
+    assert not job.failing(entry | {"textfile": {"path": "/srv/prom/gpuprov_validate.prom"}})
+
+
+WARN_ONLY = {**DOCUMENT, "results": [r for r in DOCUMENT["results"] if r["status"] != "fail"]}
+
+
+@pytest.mark.parametrize("documents,code", [
+    ({"gpu01": DOCUMENT}, 1),                                                    # a check failed
+    ({"gpu01": WARN_ONLY}, 0),                                                   # warnings and skips: no failure
+    ({"gpu01": InputError("bad", host="gpu01", step="stack.resolve")}, 2),       # every problem is bad input
+    ({"gpu01": GpuprovError("down", host="gpu01", step="connect")}, 1),          # the host could not be validated
+    ({"gpu01": WARN_ONLY, "gpu02": InputError("bad", host="gpu02")}, 2),
+    ({"gpu01": InputError("bad", host="gpu01"), "gpu02": GpuprovError("down", host="gpu02")}, 1),
+], ids=["fail", "warn", "input", "down", "warn-and-input", "input-and-down"])
+def test_exit_codes_through_the_fleet_runtime(tmp_path, monkeypatch, capsys, documents, code):
+    if code:
+        with pytest.raises(Exit) as caught:
+            run_task(tmp_path, monkeypatch, documents, json_=True, textfile=False)
+        assert caught.value.code == code
+    else:
+        run_task(tmp_path, monkeypatch, documents, json_=True, textfile=False)
+    printed = json.loads(capsys.readouterr().out)
+    errors = {h["host"]: h["error"] for h in printed["hosts"] if h["error"]}
+    assert {name: error["input_error"] for name, error in errors.items()} == {
+        name: isinstance(value, InputError) for name, value in documents.items() if isinstance(value, Exception)}
+
+
+def test_a_textfile_that_cannot_be_placed_exits_1(tmp_path, monkeypatch, capsys):
+    def refuse(conn, text, directory):
+        raise GpuprovError("the folder is not root's alone", host=conn.host.name, step="textfile")
+
+    monkeypatch.setattr("gpuprov.validation.host.publish_textfile", refuse)
+    with pytest.raises(Exit) as caught:
+        run_task(tmp_path, monkeypatch, {"gpu01": WARN_ONLY}, json_=True)
+    assert caught.value.code == 1
+    [entry] = json.loads(capsys.readouterr().out)["hosts"]
+    assert entry["status"] == "warn" and entry["textfile"] == {
+        "path": "/srv/prom/gpuprov_validate.prom", "error": "[gpu01] textfile: the folder is not root's alone"}
 
 
 @pytest.mark.parametrize("document", [
@@ -124,30 +165,23 @@ def test_exit_code():
     json.dumps({"schema": 1, "results": [{"check": "host.ecc", "status": "ok", "reason": "x"}]}),
 ])
 def test_a_run_without_a_valid_document_is_an_error(document):
-    from gpuprov.errors import GpuprovError
+    from gpuprov.core.errors import GpuprovError
 
     with pytest.raises(GpuprovError, match="the suite printed no valid result document"):
         parse_document("gpu01", document, "Traceback ...", 1, "python -m smoke")
 
 
-class RecordingConn:
-    """A connection that records commands (and their stdin) and answers them with exit 0."""
-
-    def __init__(self, name: str = "gpu01", user: str = "root"):
-        self.host = type("H", (), {"name": name, "user": user, "address": "10.0.0.11"})()
-        self.commands: list[tuple[str, bool, str | None]] = []
-
-    def run(self, command, *, sudo=False, timeout=None, stdin=None):
-        self.commands.append((command, sudo, stdin))
-        return Result(command, 0, "", "", 0.0)
+def recording(name: str = "gpu01") -> LocalConn:
+    """A host that answers every command with exit 0 and nothing printed; what it was sent is recorded."""
+    return LocalConn(SimpleNamespace(name=name, user="root", address="10.0.0.11"), answer=lambda command, stdin: "")
 
 
 def test_textfile_is_renamed_over_the_old_one_in_its_folder():
-    conn = RecordingConn()
+    conn = recording()
     text = prometheus_textfile(host_entry(), 1788256845.0)
     path = publish_textfile(conn, text, "/var/lib/prometheus/node-exporter")
     assert path == f"/var/lib/prometheus/node-exporter/{TEXTFILE}"
-    (command, sudo, stdin), = conn.commands
+    (command, sudo, stdin), = zip(conn.commands, conn.sudo, conn.stdins, strict=True)
     assert sudo and stdin == text
     # the temporary file is made inside the textfile folder (same file system: the rename is atomic) and its
     # name does not end in .prom, so node_exporter never reads it
@@ -155,43 +189,51 @@ def test_textfile_is_renamed_over_the_old_one_in_its_folder():
     assert 'mv -f "$t" /var/lib/prometheus/node-exporter/gpuprov_validate.prom' in command
 
 
-def run_task(tmp_path, monkeypatch, documents: dict, **options):
+def run_task(tmp_path, monkeypatch, documents: dict, interrupt_after: int | None = None, **options):
     """invoke validate on one H100-SXM host per document (named by its key), each host's validation replaced
     by the parse of its suite document (no SSH): a document that is refused is that host's failure, as the
-    executor makes it."""
+    executor makes it; an error in place of a document is raised by that host's validation (at step connect: by
+    the executor, before it). With
+    `interrupt_after`, Ctrl-C comes once that many hosts completed (RunInterrupted, as the executor raises it)."""
     from gpuprov.catalog import lookup
-    from gpuprov.errors import GpuprovError
     from gpuprov.tasks.validate import validate
-    from gpuprov.validation import host as validation
     from gpuprov.validation.suite_config import datasheet
 
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text("hosts:\n" + "".join(f"  {name}: {{address: 192.0.2.{i}, vars: {{hardware: {{gpu: H100-SXM, "
                                                f"count: 8}}}}}}\n" for i, name in enumerate(documents, 11)))
 
-    def fake_run_on_hosts(hosts, work, settings, *, jump_of=None, on_event=None):
+    def fake_run_on_hosts(hosts, work, settings, *, jump_of=None, on_event=None, hooks=None):
         outcomes = []
         for h in hosts:
+            if len(outcomes) == interrupt_after:
+                raise RunInterrupted(outcomes + [Outcome(rest, skipped=True, error=GpuprovError(
+                    "not started: interrupted (Ctrl-C)", host=rest.name)) for rest in hosts[len(outcomes):]])
+            unreachable = documents.get(h.name)
+            if isinstance(unreachable, GpuprovError) and unreachable.step == "connect":
+                outcomes.append(Outcome(h, error=unreachable))   # as the executor: the work never began
+                continue
+            conn = LocalConn(h, answer=lambda command, stdin: "")   # the inventory's host, as the executor's
             try:
-                outcomes.append(Outcome(h, value=work(RecordingConn(h.name))))
+                outcomes.append(Outcome(h, value=work(conn)))
             except GpuprovError as exc:
                 outcomes.append(Outcome(h, error=exc))
         return outcomes
 
-    def fake_validate_host(conn, host, opts, say=None):
-        run = HostValidation(host.name, address=host.address, gpu="H100-SXM", config={"gpus_visible": True},
-                             textfile_dir="/srv/prom")
-        text = documents[host.name] if isinstance(documents[host.name], str) else json.dumps(documents[host.name])
-        try:
-            doc = parse_document(host.name, text, datasheet=datasheet(lookup("H100-SXM")))
-        except GpuprovError as exc:
-            exc.run = run
-            raise
-        run.versions, run.results = doc["versions"], doc["results"]
-        return run
+    def fake_validate(job, conn, record, say):
+        record.gpu, record.config, record.textfile_dir = "H100-SXM", {"gpus_visible": True}, "/srv/prom"
+        document = documents[conn.host.name]
+        if isinstance(document, GpuprovError):
+            raise document
+        if job.dry_run:    # the environment step's plan: a dry run stops there
+            record.env = {"mode": "image", "image": f"registry.example/{conn.host.name}:1"}
+            return
+        text = document if isinstance(document, str) else json.dumps(document)
+        doc = parse_document(conn.host.name, text, datasheet=datasheet(lookup("H100-SXM")))
+        record.versions, record.results = doc["versions"], doc["results"]
 
-    monkeypatch.setattr("gpuprov.executor.run_on_hosts", fake_run_on_hosts)
-    monkeypatch.setattr(validation, "validate_host", fake_validate_host)
+    monkeypatch.setattr("gpuprov.core.executor.run_on_hosts", fake_run_on_hosts)
+    monkeypatch.setattr(ValidateJob, "validate", fake_validate)
     c = Context(Config(overrides={"gpuprov": {
         "inventory": str(inventory), "reports": str(tmp_path / "reports"), "locks": str(tmp_path / "locks"),
         "known_hosts": str(tmp_path / "known_hosts"), "wheelhouse": str(tmp_path / "wheelhouse")}}))
@@ -218,6 +260,116 @@ def test_a_failed_check_exits_1_and_every_report_is_written(tmp_path, monkeypatc
     assert "validate: fleet summary" in out and "host.ecc: GPU 3: 2 uncorrectable" in out
 
 
+def test_ctrl_c_writes_the_report_with_what_completed_and_exits_130(tmp_path, monkeypatch, capsys):
+    with pytest.raises(Exit) as caught:
+        run_task(tmp_path, monkeypatch, dict.fromkeys(("gpu01", "gpu02", "gpu03"), WARN_ONLY), interrupt_after=1,
+                 json_=True)
+    assert caught.value.code == 130
+    captured = capsys.readouterr()
+    printed = json.loads(captured.out)
+    reports = tmp_path / "reports"
+    saved = json.loads((reports / "validate-latest.json").read_text())
+    assert saved["hosts"] == printed["hosts"] and saved["interrupted"] is True
+    assert (saved["level"], saved["strict"], saved["image"], saved["only"]) == ("quick", False, None, None)
+    first, *rest = saved["hosts"]
+    assert first["host"] == "gpu01" and first["status"] == "warn" and first["error"] is None
+    # what completed is reported as it was: no fleet verdict, all-reduce or textfile came after the interruption
+    assert [r["check"] for r in first["results"]] == [r["check"] for r in WARN_ONLY["results"]]
+    assert "textfiles" not in saved and not (reports / "textfile").exists()
+    assert [(h["host"], h["status"], h["error"]["error"], h["error"]["skipped"]) for h in rest] == [
+        ("gpu02", "error", "not started: interrupted (Ctrl-C)", True),
+        ("gpu03", "error", "not started: interrupted (Ctrl-C)", True)]
+    root = ET.parse(reports / "validate-latest.xml").getroot()
+    assert [s.get("name") for s in root.findall("testsuite")] == ["gpu01", "gpu02", "gpu03"]
+    assert printed["junit"].endswith(".xml")
+    assert f"interrupted (Ctrl-C): the report {printed['report']} has what completed" in captured.err
+
+
+def test_a_failed_hosts_entry_keeps_what_its_validation_found(tmp_path, monkeypatch, capsys):
+    documents = {"gpu01": WARN_ONLY, "gpu02": GpuprovError("pip install failed", host="gpu02", step="python env",
+                                                           hint="read pip's output"),
+                 "gpu03": GpuprovError("cannot reach 192.0.2.13:22", host="gpu03", step="connect")}
+    with pytest.raises(Exit) as caught:
+        run_task(tmp_path, monkeypatch, documents, json_=True)
+    assert caught.value.code == 1
+    hosts = {h["host"]: h for h in json.loads(capsys.readouterr().out)["hosts"]}
+    stopped = hosts["gpu02"]     # its record so far: the GPU found before the environment step failed
+    assert (stopped["status"], stopped["gpu"], stopped["address"], stopped["results"]) == ("error", "H100-SXM",
+                                                                                           "192.0.2.12", [])
+    assert stopped["error"] == {"error": "pip install failed", "host": "gpu02", "step": "python env", "command": None,
+                                "output": None, "hint": "read pip's output", "skipped": False, "input_error": False}
+    assert stopped["textfile"] == {"path": "/srv/prom/gpuprov_validate.prom"}   # its failure published
+    down = hosts["gpu03"]        # failed before its validation began: a record of its own
+    assert (down["status"], down["gpu"], down["address"], down["results"]) == ("error", None, "192.0.2.13", [])
+    assert down["error"]["step"] == "connect" and down["textfile"] == {}
+    textfile = (tmp_path / "reports" / "textfile" / "gpu03.prom").read_text()
+    assert 'gpuprov_check_ok{host="gpu03",check="validation"} 0' in textfile
+
+
+def test_the_all_reduce_runs_on_the_fleet_and_names_a_failed_host(tmp_path, monkeypatch, capsys):
+    """--multi-node after every host: the failed host is a node that is not ready (its error says why), the
+    all-reduce's runs go through the fleet's executor with the settings it asks for, and every host's entry, the
+    failed one's too, gets its multinode.allreduce result."""
+    import dataclasses
+
+    seen = {}
+    verdict = {"check": "multinode.allreduce", "status": "fail", "reason": "did not join the rendezvous",
+               "figures": {}, "thresholds": {}, "seconds": 0.0}
+    summary = {"status": "fail", "hosts": ["gpu01", "gpu02", "gpu03"], "rendezvous": "192.0.2.11:29400",
+               "reason": "did not join the rendezvous"}
+
+    def fake_run_multinode(nodes, hosts, settings, *, run_on_hosts, port, **kwargs):
+        seen["nodes"] = [(n.name, n.ready, n.problem) for n in nodes]
+        seen["port"] = port
+        every = dataclasses.replace(settings, parallel=len(hosts))
+        seen["ran"] = [o.value for o in run_on_hosts(hosts, lambda conn: conn.host.name, every)]
+        return {"results": {n.name: dict(verdict) for n in nodes}, "summary": summary}
+
+    monkeypatch.setattr("gpuprov.validation.multinode.run_multinode", fake_run_multinode)
+    documents = {"gpu01": WARN_ONLY, "gpu02": GpuprovError("pip install failed", host="gpu02", step="python env"),
+                 "gpu03": WARN_ONLY}
+    with pytest.raises(Exit) as caught:
+        run_task(tmp_path, monkeypatch, documents, json_=True, multi_node=True, textfile=False)
+    assert caught.value.code == 1
+    printed = json.loads(capsys.readouterr().out)
+    assert seen == {"nodes": [("gpu01", True, ""), ("gpu02", False, "pip install failed"), ("gpu03", True, "")],
+                    "port": 29400, "ran": ["gpu01", "gpu02", "gpu03"]}
+    assert printed["multi_node"] == summary
+    assert [h["results"][-1] for h in printed["hosts"]] == [verdict] * 3
+    assert printed["hosts"][1]["status"] == "error" and printed["hosts"][1]["counts"]["fail"] == 1
+
+
+@pytest.mark.parametrize("json_", [False, True])
+def test_the_dry_run_says_each_hosts_plan_and_writes_no_report(tmp_path, monkeypatch, capsys, json_):
+    documents = {"gpu01": WARN_ONLY, "gpu02": GpuprovError("cannot reach 192.0.2.12:22", host="gpu02", step="connect")}
+    with pytest.raises(Exit) as caught:
+        run_task(tmp_path, monkeypatch, documents, dry_run=True, json_=json_)
+    assert caught.value.code == 1        # a host could not be asked
+    out = capsys.readouterr().out
+    if json_:
+        printed = json.loads(out)
+        assert printed["dry_run"] is True and [h["host"] for h in printed["hosts"]] == ["gpu01", "gpu02"]
+        assert printed["hosts"][0] == {"host": "gpu01", "env": {"mode": "image", "image": "registry.example/gpu01:1"},
+                                       "error": None}
+        assert printed["hosts"][1]["env"] == {} and printed["hosts"][1]["error"]["step"] == "connect"
+    else:
+        assert out.splitlines() == [
+            "gpu01: the suite runs in registry.example/gpu01:1: nothing is installed on the host",
+            "gpu02: not asked: cannot reach 192.0.2.12:22"]
+    assert not list((tmp_path / "reports").glob("validate-*"))
+
+
+def test_ctrl_c_in_a_dry_run_shows_what_completed_and_exits_130(tmp_path, monkeypatch, capsys):
+    with pytest.raises(Exit) as caught:
+        run_task(tmp_path, monkeypatch, {"gpu01": WARN_ONLY, "gpu02": WARN_ONLY}, interrupt_after=1, dry_run=True)
+    assert caught.value.code == 130
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == [
+        "gpu01: the suite runs in registry.example/gpu01:1: nothing is installed on the host",
+        "gpu02: not asked: not started: interrupted (Ctrl-C)"]
+    assert "interrupted (Ctrl-C)" in captured.err
+
+
 def test_all_passing_exits_0_and_places_textfiles(tmp_path, monkeypatch, capsys):
     passing = json.loads(json.dumps(DOCUMENT))
     passing["results"] = [r for r in passing["results"] if r["status"] == "pass"]
@@ -232,16 +384,20 @@ def test_all_passing_exits_0_and_places_textfiles(tmp_path, monkeypatch, capsys)
 
 
 def test_tables_print_names_and_reasons_as_written(capsys):
-    from gpuprov.report import validate_tables
+    from gpuprov.core.report import summary_table
 
     document = json.loads(json.dumps(DOCUMENT))
     document["results"][0]["reason"] = "GPU [3]: [bold]2[/bold] uncorrectable [/] ECC\x1b[31m errors"
     entry = host_entry(document, name="[gpu01]")
-    stopped = HostValidation("gpu\n02", address="192.0.2.12").to_dict() | {
+    stopped = ValidationRecord("gpu\n02", address="192.0.2.12").to_dict() | {
         "error": {"error": "cannot read [/] the lock", "step": "validate config", "hint": "fix [prod]"}}
-    validate_tables([entry, stopped], {"status": "fail", "hosts": ["[gpu01]", "gpu\n02"],
-                                       "rendezvous": "[10.0.0.1]:29400", "reason": "gpu\n02 did not join [/]"})
+    job = ValidateJob(RunOptions(multi_node=True))
+    job.multi_node = {"status": "fail", "hosts": ["[gpu01]", "gpu\n02"], "rendezvous": "[10.0.0.1]:29400",
+                      "reason": "gpu\n02 did not join [/]"}
+    job.print_details([entry, stopped])   # as run_fleet prints a run: the details, then the summary table
+    summary_table(job.title(), [job.row(e) for e in (entry, stopped)], list(job.columns))
     out = capsys.readouterr().out
+    assert "validate: fleet summary" in out and "host.ecc: GPU [3]: [bold]2[/bold]" in out
     assert "[gpu01] (H100-SXM, quick)" in out
     assert "GPU [3]: [bold]2[/bold] uncorrectable [/] ECC\\x1b[31m errors" in out and "\x1b" not in out
     assert "gpu\\n02: validation stopped cannot read [/] the lock" in out and "hint: fix [prod]" in out
@@ -328,16 +484,18 @@ def test_a_malformed_document_fails_its_host_only(tmp_path, monkeypatch, capsys,
 
 
 def test_a_stopped_hosts_output_is_cut_to_its_tail_in_the_report():
-    from gpuprov.errors import GpuprovError
-    from gpuprov.validation.host import failed_run
+    from gpuprov.core.runtime import failed_entry
 
+    job = ValidateJob(RunOptions())
     output = "".join(f"line {i}\n" for i in range(200000))    # 2.2 MB a host printed before it failed
     error = GpuprovError("pip install failed", host="gpu01", step="python env", output=output)
-    run = failed_run(Outcome(type("H", (), {"name": "gpu01", "address": "192.0.2.11"})(), error=error))
-    kept = run.to_dict()["error"]["output"]
+    entry = failed_entry(job, Outcome(type("H", (), {"name": "gpu01", "address": "192.0.2.11"})(), error=error))
+    kept = entry["error"]["output"]
     note, _, tail = kept.partition("\n")
     assert note == f"[gpuprov: the first {len(output) - 65536} characters of the output are left out of the report]"
     assert tail == output[-65536:] and tail.endswith("line 199999\n")
-    short = failed_run(Outcome(type("H", (), {"name": "gpu02", "address": "192.0.2.12"})(),
-                               error=GpuprovError("down", output="one line")))
-    assert short.error["output"] == "one line"
+    assert entry["status"] == "error" and entry["results"] == [] and entry["address"] == "192.0.2.11"
+    short = failed_entry(job, Outcome(type("H", (), {"name": "gpu02", "address": "192.0.2.12"})(),
+                                      error=GpuprovError("down", output="one line")))
+    assert short["error"]["output"] == "one line"
+    assert (short["error"]["skipped"], short["error"]["input_error"]) == (False, False)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers.local_host import LocalConn, tiny_wheelhouse
 
-from gpuprov.errors import GpuprovError
+from gpuprov.core.errors import GpuprovError
 from gpuprov.inventory import load_inventory
 from gpuprov.validation import Layout
 from gpuprov.validation.host import TEXTFILE, publish_textfile
@@ -163,7 +163,7 @@ INVENTORY = textwrap.dedent("""\
 
 @pytest.mark.root
 def test_one_host_end_to_end(tmp_path, monkeypatch):
-    """validate_host on a 'host' that is this machine: the lab's CPU wheel settings, a wheelhouse, the venv,
+    """validate's run on a 'host' that is this machine: the lab's CPU wheel settings, a wheelhouse, the venv,
     the suite, its config and its results."""
     from gpuprov.validation import env, host, suite
 
@@ -181,13 +181,15 @@ def test_one_host_end_to_end(tmp_path, monkeypatch):
         requests.append((request, root))
         return wheelhouse
 
-    monkeypatch.setattr("gpuprov.facts.gather.gather", lambda conn, managed: facts)
+    monkeypatch.setattr("gpuprov.facts.gather.gather", lambda conn, *args, **kwargs: facts)
     monkeypatch.setattr(env, "wheelhouse_for", fake_wheelhouse_for)
     monkeypatch.setattr(suite, "smoke_files", lambda: STAND_IN)
     layout = Layout(root=str(tmp_path / "opt"))
     options = host.RunOptions(locks_dir=tmp_path / "locks", wheelhouse=tmp_path / "wh", layout=layout)
     said = []
-    run = host.validate_host(LocalConn("lab01"), lab01, options, say=said.append)
+    conn = LocalConn("lab01")
+    conn.host = lab01   # the inventory's host, as the executor's connections carry it
+    run = host.ValidateJob(options).run_host(conn, said.append)
 
     (request, root), = requests
     assert (request.wheel, request.torch_version, request.torch_index, root) == ("cpu", None, None, tmp_path / "wh")
@@ -200,5 +202,5 @@ def test_one_host_end_to_end(tmp_path, monkeypatch):
     entry = run.to_dict()
     assert entry["status"] == "pass" and entry["fleet"] == {"group": "H100-SXM (CPU, quick)", "figures": {}}
 
-    again = host.validate_host(LocalConn("lab01"), lab01, options)
+    again = host.ValidateJob(options).run_host(conn, lambda what: None)
     assert again.env["installed"] is False and again.env["uploaded"] == [] and again.suite_copied is False

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpuprov.lab import faults as lab_faults
 from gpuprov.lab import standins
-from gpuprov.lab.standins import gpu_profiles_table
+from gpuprov.lab.smi_answers import gpu_profiles_table
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 CSV = FIXTURES / "nvidia-smi-query-csv"

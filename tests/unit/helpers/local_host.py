@@ -7,14 +7,17 @@ import base64
 import hashlib
 import os
 import shutil
+import socket
 import subprocess
+import threading
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from gpuprov.connection import Result
+from gpuprov.core.connection import Result
 from gpuprov.validation.env import Wheelhouse
 
 
@@ -31,23 +34,63 @@ class LocalSFTP:
 
 
 class LocalConn:
-    """A host that is this machine: commands run with `sh -c` (as this user, root in CI), uploads copy files."""
+    """The tests' one implementation of gpuprov.core.connection.Connection: this machine as a host.
 
-    def __init__(self, name: str = "lab01", env: dict | None = None):
-        self.host = SimpleNamespace(name=name, user=os.environ.get("USER") or "root", address="127.0.0.1")
+    Commands run with `sh -c` here (as this user, root in CI), uploads copy files, a tunnel is a TCP connection
+    from here (to `tunnel_port` when a stand-in service listens there). `answer(command, stdin)` may play the host
+    instead: a Result, a string (stdout, exit 0) or None to run the command for real. Every command, its stdin and
+    sudo flag, and every tunnel asked for are recorded; `closed` is set by close()."""
+
+    connect_timeout = 5
+
+    def __init__(self, host=None, *, name: str = "lab01", env: dict | None = None,
+                 answer: Callable[[str, str | None], Result | str | None] | None = None,
+                 tunnel_port: int | None = None):
+        if isinstance(host, str):
+            host, name = None, host
+        self.host = host or SimpleNamespace(name=name, user=os.environ.get("USER") or "root", address="127.0.0.1")
         self.commands: list[str] = []
+        self.stdins: list[str | None] = []
         self.sudo: list[bool] = []
         self.uploads: list[str] = []
-        self.env = env
+        self.tunnels: list[tuple[str, int]] = []
+        self.env, self.answer, self.tunnel_port = env, answer, tunnel_port
+        self.closed = threading.Event()
 
-    def run(self, command, *, sudo=False, timeout=None, stdin=None):
+    def open(self) -> LocalConn:
+        return self
+
+    def close(self) -> None:
+        self.closed.set()
+
+    def fresh(self, *, connect_timeout: int | None = None, retries: int | None = None) -> LocalConn:
+        """The same host again (its own recordings shared: the tests judge what reached the host)."""
+        return self
+
+    def server_key_type(self) -> str | None:
+        return "ssh-ed25519"
+
+    def open_tunnel(self, port: int, address: str = "127.0.0.1", timeout: int | None = None):
+        """A TCP connection to `port` (or `tunnel_port`) on this machine, recording where the host was asked to
+        connect."""
+        self.tunnels.append((address, port))
+        return socket.create_connection(("127.0.0.1", self.tunnel_port or port), timeout=timeout)
+
+    def run(self, command, *, sudo=False, timeout=None, stdin=None) -> Result:
         self.commands.append(command)
+        self.stdins.append(stdin)
         self.sudo.append(sudo)
+        if self.answer is not None:
+            answered = self.answer(command, stdin)
+            if isinstance(answered, str):
+                return Result(command, 0, answered, "", 0.0)
+            if answered is not None:
+                return answered
         done = subprocess.run(["sh", "-c", command], input=stdin, capture_output=True, text=True,
                               timeout=timeout or 600, check=False, env=self.env)
         return Result(command, done.returncode, done.stdout, done.stderr, 0.0)
 
-    def sftp(self):
+    def sftp(self) -> LocalSFTP:
         return LocalSFTP(self)
 
 

@@ -3,7 +3,8 @@ resolver)."""
 
 from __future__ import annotations
 
-from gpuprov.ops import MANAGED_FILES, OpContext, RepoSpec, container_toolkit, kernel, pins, sources
+from gpuprov.provision.ops import MANAGED_FILES, OpContext, RepoSpec, container_toolkit, kernel, pins, sources
+from gpuprov.stack import families
 
 FPR = "EB693B3035CD5710E231E123A4B469963BF863CC"
 KERNEL = {"debian": "6.1.0-18-amd64", "rhel": "5.14.0-427.13.1.el9_4.x86_64"}
@@ -127,7 +128,7 @@ def provisioned_facts(family: str, stack: dict, repo: RepoSpec) -> dict:
                                           for where, who in logins if who) or None
         files[pins.APT_PREFERENCES] = pins.preferences(pins.pinned_packages(ctx_for(facts, stack, repo)),
                                                        driver["version"], repo.label)
-        files[pins.UNATTENDED] = pins.unattended()
+        files[families.UNATTENDED] = families.unattended()
     else:
         files[sources.RPM_KEY] = "-----BEGIN PGP PUBLIC KEY BLOCK-----\n"
         files[sources.DNF_REPO] = (

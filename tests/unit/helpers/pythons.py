@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from gpuprov.lab import standins
-from gpuprov.lab.standins import gpu_profiles_table
+from gpuprov.lab.smi_answers import gpu_profiles_table
 
 OLDEST = "3.9"
 MINORS = (9, 10, 11, 12, 13)

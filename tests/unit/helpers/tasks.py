@@ -6,14 +6,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import pytest
 from invoke import Config, Context
 from invoke.exceptions import Exit
 
-import gpuprov.provision
+import gpuprov.provision.run
 
 REPO = Path(__file__).resolve().parents[3]
 INVENTORY = textwrap.dedent("""\
@@ -49,20 +48,6 @@ def invoke(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
-class FakeConnection:
-    """A connection that reaches nothing: open and close only record themselves."""
-
-    def __init__(self, host):
-        self.host = host
-        self.closed = threading.Event()
-
-    def open(self):
-        return self
-
-    def close(self):
-        self.closed.set()
-
-
 def config(tmp_path: Path, **paths) -> Context:
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(INVENTORY)
@@ -73,7 +58,6 @@ def config(tmp_path: Path, **paths) -> Context:
 
 
 def host_runs(monkeypatch, behave) -> None:
-    """provision_host replaced by `behave(host)`, which returns a HostRun or raises."""
-    monkeypatch.setattr(gpuprov.provision, "provision_host",
-                        lambda conn, host, inventory_dir, options, say: behave(host))
+    """The provision job's work on a host replaced by `behave(host)`, which returns a ProvisionRecord or raises."""
+    monkeypatch.setattr(gpuprov.provision.run.ProvisionJob, "run_host", lambda job, conn, say: behave(conn.host))
 

@@ -1,0 +1,1 @@
+"""Provisioning: the stack's operations, the plan, preflight and the per-host run (`invoke provision`)."""
