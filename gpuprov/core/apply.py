@@ -99,15 +99,20 @@ def parse_steps(changes: list, output: str) -> list[StepResult]:
 
 
 def apply_changes(conn, changes: list, *, disrupt: bool = False, managed_files: tuple[str, ...] = (),
-                  facts: tuple[str, Callable] | None = None, task: str = "provision") -> tuple[list[StepResult], dict]:
-    """Run the changes on the host as root, then gather its facts in the same command: provisioning's facts, or
-    `facts` = (the command that gathers them, parse(conn, stdout, stderr)). `task` is what the hints say to rerun.
+                  facts: tuple[str, Callable] | None = None, known: dict | None = None,
+                  task: str = "provision") -> tuple[list[StepResult], dict]:
+    """Run the changes on the host as root, then gather its facts in the same command: the base facts, or
+    `facts` = (the command that gathers them, parse(conn, stdout, stderr)). With `known` (the base facts before
+    the batch), only the facts the changes can alter are gathered again when every change says which
+    (gpuprov.facts.gather.affected). `task` is what the hints say to rerun.
 
     Returns the step results and the facts after; raises GpuprovError naming the failed step."""
     if facts is None:
-        from gpuprov.facts.gather import facts_command, parse_gathered
+        from gpuprov.facts.gather import affected, facts_command, parse_gathered, regather
 
-        facts = (facts_command(managed_files), parse_gathered)
+        names = affected(changes) if known is not None else None
+        facts = (facts_command(managed_files), parse_gathered) if names is None else (
+            regather(known, names, managed_files))
     command, parse_gathered = facts
     script = batch_script(changes, disrupt=disrupt, facts_command=command)
     result = conn.run("sh -s", sudo=True, stdin=script)

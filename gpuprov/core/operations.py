@@ -31,6 +31,7 @@ class Change:
     diff: str | None = None
     disruptive: str | None = None       # what running work it would interrupt ("driver change", ...)
     requires: str | None = None         # the component whose change this one completes (refused with it)
+    affects: tuple[str, ...] | None = None   # the facts it can alter (None: any); the batch gathers only those again
 
 
 @dataclass(frozen=True)
@@ -227,7 +228,8 @@ def managed_file(component: str, path: str, current: str | None, content: str | 
                     f"mv -f {q(staged)} {q(path)}")
     diff = unified_diff(path, None if current is None else mask_credentials(current),
                         None if content is None else mask_credentials(content))
-    return Change(component, summary or f"{verb} {path} ({what})", (*commands, *then), reboot=reboot, diff=diff)
+    return Change(component, summary or f"{verb} {path} ({what})", (*commands, *then), reboot=reboot, diff=diff,
+                  affects=None if then else ("files",))
 
 
 def file_change(ctx: OpContext, component: str, path: str, content: str | None, what: str,

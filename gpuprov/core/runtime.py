@@ -95,6 +95,7 @@ class HostJob:
         from gpuprov.core.apply import apply_changes
 
         steps, record.facts_after = apply_changes(conn, changes, managed_files=self.managed_files(conn.host),
+                                                  known=record.facts_after,
                                                   task=self.task or self.kind)
         record.steps += steps
 

@@ -65,6 +65,7 @@ def files_command(args: FactArgs) -> str:
             "done")
 
 
+NVIDIA_SMI = "need nvidia-smi; timeout 60 nvidia-smi -q -x 2>&1"   # driver, GPUs and their processes
 LSPCI = "need lspci; lspci -D -nn 2>/dev/null | grep -F '[10de:'"
 MODULES = ("cut -d' ' -f1 /proc/modules 2>/dev/null | "
            "grep -E '^(nouveau|nvidia|nvidia_uvm|nvidia_drm|nvidia_modeset)$'")
@@ -171,7 +172,7 @@ _add(Provider("cpus", "getconf _NPROCESSORS_ONLN 2>/dev/null", text_only(_int)))
 _add(Provider("mem_total_mib", "grep -E '^MemTotal:' /proc/meminfo", text_only(_mem_total_mib)))
 _add(Provider("pci_gpus", LSPCI, text_only(lambda text: parse_lspci(text)[0]), []))
 _add(Provider("nvswitch_count", LSPCI, text_only(lambda text: parse_lspci(text)[1]), 0))
-_add(Provider("nvidia_smi", "need nvidia-smi; timeout 60 nvidia-smi -q -x 2>&1", parse_nvidia_smi_xml))
+_add(Provider("nvidia_smi", NVIDIA_SMI, parse_nvidia_smi_xml))
 _add(Provider("nvrm", "cat /proc/driver/nvidia/version 2>/dev/null", text_only(parse_nvrm)), default=False)
 _add(Derived("loaded_driver_version", ("nvrm", "nvidia_smi"), loaded_driver))
 _add(Derived("loaded_driver_open", ("nvrm",), lambda nvrm: nvrm["open"] if nvrm else None))
@@ -204,8 +205,7 @@ _add(Provider("reboot_required", "[ -f /var/run/reboot-required ] && echo yes",
               text_only(lambda text: text.strip() == "yes"), False))
 _add(Provider("reboot_required_pkgs", "cat /var/run/reboot-required.pkgs 2>/dev/null", text_only(parse_lines), []))
 _add(Provider("gpuprov_reboot_pending", "cat /run/gpuprov/reboot-pending 2>/dev/null", text_only(parse_lines), []))
-_add(Provider("gpu_processes", "need nvidia-smi; timeout 30 nvidia-smi --query-compute-apps=pid,process_name,"
-                               "used_memory --format=csv,noheader,nounits 2>/dev/null", parse_gpu_processes))
+_add(Provider("gpu_processes", NVIDIA_SMI, parse_gpu_processes))   # the same run as nvidia_smi
 _add(Provider("gpu_device_users", DEVICE_USERS, text_only(parse_device_users), []))
 _add(Provider("containers", "need docker; timeout 20 docker ps --format '{{.ID}}\\t{{.Names}}\\t{{.Image}}' "
                             "2>/dev/null", parse_containers))

@@ -5,7 +5,7 @@ facts themselves and gpuprov.facts.schema for their types."""
 from __future__ import annotations
 
 import shlex
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from gpuprov.core.connection import HostConnection
 from gpuprov.core.errors import GpuprovError
@@ -32,6 +32,31 @@ def gather(conn: HostConnection, managed_files: tuple[str, ...] = (), facts: Ite
     readable by root only). The script travels on stdin."""
     result = conn.run("sh -s", sudo=True, stdin=facts_script(managed_files, facts), timeout=120)
     return parse_gathered(conn, result.stdout, result.stderr)
+
+
+def affected(changes: Iterable) -> tuple[str, ...] | None:
+    """The facts a batch of changes can alter (each change's `affects`; a step that marks a reboot alters the
+    reboot marks), with the facts derived from them; None when one change may alter anything."""
+    names: list[str] = []
+    for change in changes:
+        if change.affects is None:
+            return None
+        names += change.affects
+        if change.reboot:
+            names += ["gpuprov_reboot_pending", "reboot_required"]
+    return tuple(REGISTRY.with_dependents(names))
+
+
+def regather(known: HostFacts, names: tuple[str, ...], managed_files: tuple[str, ...] = ()) -> tuple[str, Callable]:
+    """(command, parse) that gathers `names` again and carries the rest of `known` over: after a batch that can
+    alter only those facts (`affected`), a full gather would read the same values at several times the cost."""
+
+    def parse(conn: HostConnection, output: str, stderr: str) -> HostFacts:
+        fresh = parse_gathered(conn, output, stderr)
+        kept = [notice for notice in known.get("notices", []) if notice.split(":", 1)[0] not in names]
+        return {**known, **fresh, "notices": kept + fresh.get("notices", [])}
+
+    return facts_command(managed_files, names), parse
 
 
 def parse_facts(host: str, output: str) -> HostFacts:

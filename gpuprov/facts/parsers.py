@@ -102,26 +102,48 @@ XML_START = re.compile(r"<\?xml|<nvidia_smi_log[\s>]")
 XML_END = "</nvidia_smi_log>"
 
 
-def parse_nvidia_smi_xml(text: str, rc: int) -> NvidiaSmi | NvidiaSmiError | None:
-    """Driver, CUDA and per-GPU facts from `nvidia-smi -q -x` (stderr joined in), read by the suite's own parser
-    (gpuprov.smoke.nvsmi.parse_q_xml); None when nvidia-smi is not installed, `{"error": ...}` when it failed."""
-    if rc == MISSING:
-        return None
+def _smi_report(text: str, rc: int) -> dict | str:
+    """`nvidia-smi -q -x` (stderr joined in) read by the suite's own parser (gpuprov.smoke.nvsmi.parse_q_xml), or
+    what went wrong (a str): nvidia-smi's own message, no XML, or invalid XML."""
     if rc != 0:
-        return _failure(text, rc)
+        return _failure(text, rc)["error"]
     start = XML_START.search(text)
     end = text.rfind(XML_END)
     if start is None or end < 0:
-        return {"error": f"nvidia-smi -q -x printed no XML report: {text.strip()[:300] or 'nothing'}"}
+        return f"nvidia-smi -q -x printed no XML report: {text.strip()[:300] or 'nothing'}"
     try:
-        report = nvsmi.parse_q_xml(text[start.start(): end + len(XML_END)])
+        return nvsmi.parse_q_xml(text[start.start(): end + len(XML_END)])
     except ET.ParseError as exc:
-        return {"error": f"nvidia-smi -q -x printed invalid XML ({exc})"}
+        return f"nvidia-smi -q -x printed invalid XML ({exc})"
+
+
+def parse_nvidia_smi_xml(text: str, rc: int) -> NvidiaSmi | NvidiaSmiError | None:
+    """Driver, CUDA and per-GPU facts from `nvidia-smi -q -x`; None when nvidia-smi is not installed,
+    `{"error": ...}` when it failed."""
+    if rc == MISSING:
+        return None
+    report = _smi_report(text, rc)
+    if isinstance(report, str):
+        return {"error": report}
     gpus: list[SmiGpu] = [{
         "index": index, "name": gpu["name"], "uuid": gpu["uuid"], "bus_id": gpu["bus_id"],
         "memory_total_mib": gpu["memory_total_mib"], "persistence_mode": _enabled(gpu["persistence_mode"]),
         "ecc_mode": _enabled(gpu["ecc_mode"])} for index, gpu in enumerate(report["gpus"])]
     return {"driver_version": report["driver_version"], "cuda_version": report["cuda_version"], "gpus": gpus}
+
+
+def parse_gpu_processes(text: str, rc: int) -> list[GpuProcess] | None:
+    """The compute processes in the same `nvidia-smi -q -x` report (one NVML start per gather, not two): one entry
+    per process and GPU, as `--query-compute-apps` lists them. A process of type C, C+G, M or M+C (MPS) is work; a
+    graphics-only one (type G: Xorg) is not, as `--query-compute-apps` does not list it either. None without
+    nvidia-smi, NoAnswer when it failed (NVML cannot answer)."""
+    if rc == MISSING:
+        return None
+    report = _smi_report(text, rc)
+    if isinstance(report, str):
+        raise NoAnswer(report if report.startswith("nvidia-smi") else f"nvidia-smi -q -x failed: {report}")
+    return [{"pid": proc["pid"], "process_name": proc["name"] or "", "used_memory_mib": proc["used_mib"]}
+            for gpu in report["gpus"] for proc in gpu["processes"] if (proc["type"] or "C") != "G"]
 
 
 def with_status(text: str) -> tuple[str, int | None]:
@@ -218,27 +240,6 @@ def parse_files(text: str) -> dict[str, str | None]:
         end = marks[index + 1].start() if index + 1 < len(marks) else len(text)
         files[mark.group("path")] = parse_file(text[mark.end() + 1: end].strip("\n"))
     return files
-
-
-def parse_gpu_processes(text: str, rc: int | None = None) -> list[GpuProcess] | None:
-    """`nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits` lines;
-    None without nvidia-smi, NoAnswer when it fails (NVML cannot answer). Without `rc`, the status is read from a
-    last `@@rc=N` line (with_status; none: nvidia-smi is missing)."""
-    if rc is None:
-        text, rc = with_status(text)
-    if rc is None or rc == MISSING:
-        return None
-    if rc != 0:
-        raise NoAnswer(f"nvidia-smi --query-compute-apps exited {rc}")
-    processes: list[GpuProcess] = []
-    for line in parse_lines(text):
-        fields = [field.strip() for field in line.split(",")]
-        if len(fields) < 3:
-            continue
-        pid, memory = fields[0], fields[-1]
-        processes.append({"pid": int(pid) if pid.isdigit() else pid, "process_name": ",".join(fields[1:-1]),
-                          "used_memory_mib": int(memory) if memory.isdigit() else None})
-    return processes
 
 
 def parse_containers(text: str, rc: int) -> list[Container] | None:

@@ -135,6 +135,14 @@ class Registry:
             visit(name)
         return order
 
+    def with_dependents(self, names: Iterable[str]) -> list[str]:
+        """`names` and every derived fact computed from one of them, transitively (what changes when they do)."""
+        out = list(dict.fromkeys(names))
+        for name, fact in self._facts.items():   # registration order: a derived fact comes after what it needs
+            if isinstance(fact, Derived) and name not in out and set(fact.needs) & set(out):
+                out.append(name)
+        return out
+
     def commands(self, names: Iterable[str], args: FactArgs) -> dict[str, list[str]]:
         """{command: [the providers that read it]} for `names`, in script order."""
         runs: dict[str, list[str]] = {}

@@ -298,7 +298,8 @@ def _apply_and_settle(conn, host, run: ProvisionRecord, changes: list, refused: 
     from gpuprov.provision.ops import MANAGED_FILES
     from gpuprov.provision.plan import plan_host
 
-    steps, run.facts_after = apply_changes(conn, changes, disrupt=options.disrupt, managed_files=MANAGED_FILES)
+    steps, run.facts_after = apply_changes(conn, changes, disrupt=options.disrupt, managed_files=MANAGED_FILES,
+                                           known=run.facts_after)
     run.steps += steps
     done = {(c.component, c.summary) for c in [*changes, *refused]}
     only = set(options.only) if options.only else None
@@ -308,7 +309,7 @@ def _apply_and_settle(conn, host, run: ProvisionRecord, changes: list, refused: 
     run.plan["changes"] += _plan_changes([*follow_up, *held_back], held_back)
     if follow_up:
         steps, run.facts_after = apply_changes(conn, follow_up, disrupt=options.disrupt,
-                                               managed_files=MANAGED_FILES)
+                                               managed_files=MANAGED_FILES, known=run.facts_after)
         run.steps += steps
 
 

@@ -341,8 +341,8 @@ def test_compute_apps_file_makes_nvidia_smi_report_a_process(stack_host):
     host.put_archive("/", _files({"etc/gpuprov-lab/compute-apps.csv": b"12345, python, 40960\n"}))
     out = ok(host, query)
     assert out == "12345, python, 40960\n"
-    assert parse_gpu_processes(out + "@@rc=0\n") == [{"pid": 12345, "process_name": "python",
-                                                       "used_memory_mib": 40960}]
+    assert parse_gpu_processes(ok(host, "nvidia-smi -q -x"), 0) == [{"pid": 12345, "process_name": "python",
+                                                                     "used_memory_mib": 40960}]
     uuid = ok(host, "nvidia-smi --query-gpu=uuid --format=csv,noheader").splitlines()[0]
     assert ok(host, "nvidia-smi --query-compute-apps=gpu_uuid,pid --format=csv,noheader") == f"{uuid}, 12345\n"
     assert "python" in ok(host, "nvidia-smi")

@@ -6,7 +6,7 @@ import pytest
 from helpers.ops import bare_facts, make_repo, make_stack
 
 from gpuprov.core.apply import batch_script, parse_steps
-from gpuprov.core.errors import InputError, mask_credentials
+from gpuprov.core.errors import GpuprovError, InputError, mask_credentials
 from gpuprov.core.executor import failure_budget
 from gpuprov.provision.ops import Change
 from gpuprov.provision.plan import prepare_changes
@@ -137,3 +137,42 @@ def test_errors_never_show_url_credentials():
     assert "s3cret" not in str(error)
     assert "s3cret" not in str(error.to_dict())
     assert "http://***@proxy:3128" in str(error)
+
+
+def test_a_file_only_batch_gathers_the_files_again_and_carries_the_other_facts_over(tmp_path):
+    from helpers.local_host import LocalConn
+
+    from gpuprov.core.apply import apply_changes
+    from gpuprov.core.operations import managed_file, service_change
+
+    path = str(tmp_path / "pins")
+    known = {"host": "lab01", "kernel": "6.1.0-known", "files": {path: "old\n"}, "gpu_processes": [],
+             "notices": ["kernel: kept", "files: stale"], "complete": True}
+    change = managed_file("pins", path, "old\n", "new\n", "apt pins")
+    conn = LocalConn()
+    _, after = apply_changes(conn, [change], managed_files=(path,), known=known)
+    script = conn.stdins[-1]
+    assert "nvidia-smi" not in script and "uname -r" not in script   # nothing a file write cannot alter
+    assert after["files"][path] == "new\n"                           # read again on the host, after the write
+    assert after["kernel"] == "6.1.0-known" and after["gpu_processes"] == []
+    assert after["notices"] == ["kernel: kept"] and after["complete"] is True
+
+    # a change that may alter anything (a restart, a package) gathers everything again
+    restart = service_change("svc", "gpuprov-test-none.service", {"exists": True, "enabled": True, "active": True},
+                             restart=True)
+    conn = LocalConn(answer=lambda command, stdin: "")   # a host that answers nothing: what is asked is the point
+    with pytest.raises(GpuprovError, match="before all steps ran"):
+        apply_changes(conn, [restart], managed_files=(path,), known=known)
+    assert "nvidia-smi -q -x" in conn.stdins[-1] and "uname -r" in conn.stdins[-1]
+
+
+def test_what_a_batch_can_alter():
+    from gpuprov.core.operations import managed_file
+    from gpuprov.facts.gather import affected
+
+    write = managed_file("pins", "/etc/x", None, "x", "x")
+    reload = managed_file("sshd", "/etc/y", None, "y", "y", then=("systemctl reload ssh",))
+    assert affected([write]) == ("files", "docker")   # docker's facts are derived from daemon.json among the files
+    assert affected([write, reload]) is None and affected([Change("pkg", "install x", ("apt-get install x",))]) is None
+    marked = managed_file("kernel", "/etc/z", None, "z", "z", reboot=True)
+    assert set(affected([marked])) == {"files", "docker", "gpuprov_reboot_pending", "reboot_required"}

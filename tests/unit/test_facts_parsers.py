@@ -155,19 +155,18 @@ def test_running_daemon_runtimes_and_what_nvidia_ctk_would_write():
     assert docker["ctk_daemon_json"] == written
 
 
-def test_gpu_work_on_the_host():
+def test_gpu_work_on_the_host(fixture_text):
     text = _output({
-        # nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits
-        "gpu_processes": ("12345, /usr/bin/python3, 40960\n23456, python, 512", 0),
+        # a real T4 capture: Xorg (type G) and python (type C, 1005 MiB) on GPU 0
+        "gpu_processes": (fixture_text("nvidia-smi-q-xml/t4_nvidia-smi-q-x_515.105.01.xml"), 0),
         "gpu_device_users": ("12345 python3\n999 nvidia-persistenced", 0),
         "containers": ("3f2a1b\ttrainer\tnvcr.io/nvidia/pytorch:25.01-py3", 0),
         "slurm_jobs": ("4242 alice train-llm", 0),
         "reboot_required": ("yes", 0), "reboot_required_pkgs": ("linux-image-6.1.0-28-amd64\nlibc6", 0),
         "gpuprov_reboot_pending": ("driver 570.148.08", 0)})
     facts = parse_facts("gpu01", text)
-    assert facts["gpu_processes"] == [
-        {"pid": 12345, "process_name": "/usr/bin/python3", "used_memory_mib": 40960},
-        {"pid": 23456, "process_name": "python", "used_memory_mib": 512}]
+    assert facts["gpu_processes"] == [{"pid": 5762, "process_name": "python", "used_memory_mib": 1005}]
+    assert facts["nvidia_smi"]["gpus"][0]["name"] == "Tesla T4"   # one nvidia-smi run answers both
     assert facts["gpu_device_users"] == [{"pid": 12345, "process_name": "python3"},
                                          {"pid": 999, "process_name": "nvidia-persistenced"}]
     assert facts["containers"] == [{"id": "3f2a1b", "name": "trainer", "image": "nvcr.io/nvidia/pytorch:25.01-py3"}]
@@ -177,12 +176,17 @@ def test_gpu_work_on_the_host():
     assert facts["gpuprov_reboot_pending"] == ["driver 570.148.08"]
 
 
-def test_tools_that_cannot_answer_are_unknown_not_idle():
-    facts = parse_facts("gpu01", _output({"gpu_processes": ("", 9), "containers": ("", 1)}))
+def test_tools_that_cannot_answer_are_unknown_not_idle(fixture_text):
+    failed = "Failed to initialize NVML: Driver/library version mismatch"
+    facts = parse_facts("gpu01", _output({"gpu_processes": (failed, 18), "containers": ("", 1)}))
     assert facts["gpu_processes"] is None and facts["containers"] is None and facts["slurm_jobs"] is None
-    assert facts["notices"] == ["gpu_processes: nvidia-smi --query-compute-apps exited 9",
+    assert facts["nvidia_smi"] == {"error": failed}
+    assert facts["notices"] == [f"gpu_processes: nvidia-smi -q -x failed: {failed}",
                                 "containers: docker ps exited 1"]  # squeue missing (127): a fact, no notice
-    idle = parse_facts("gpu01", _output({"gpu_processes": ("", 0), "containers": ("", 0)}))
+    assert parse_facts("gpu01", _output({"gpu_processes": ("", 0)}))["gpu_processes"] is None   # no XML: unknown
+    idle = parse_facts("gpu01", _output({
+        "gpu_processes": (fixture_text("nvidia-smi-q-xml/a100-sxm4-80gb_nvidia-smi-q-x_535.54.03.xml"), 0),
+        "containers": ("", 0)}))
     assert idle["gpu_processes"] == [] and idle["containers"] == []
 
 

@@ -400,7 +400,8 @@ def test_smi_reports_the_compute_processes_a_test_writes(standin_root):
         "# pid, process_name, used_memory_mib[, gpu_index]\n12345, python, 40960\n11345, ./gpu_burn, 15690, 3\n")
     rc, text = run_tool(standin_root, "nvidia-smi", APPS, "--format=csv,noheader,nounits")
     assert rc == 0 and text.splitlines() == ["12345, python, 40960", "11345, ./gpu_burn, 15690"]
-    assert parse_gpu_processes(text + "@@rc=0\n") == [
+    rc, xml = run_tool(standin_root, "nvidia-smi", "-q", "-x")
+    assert parse_gpu_processes(xml, rc) == [   # what the facts read: the processes in -q -x
         {"pid": 12345, "process_name": "python", "used_memory_mib": 40960},
         {"pid": 11345, "process_name": "./gpu_burn", "used_memory_mib": 15690}]
     rc, text = run_tool(standin_root, "nvidia-smi", "--query-compute-apps=pid,used_gpu_memory,gpu_uuid,gpu_bus_id",

@@ -32,7 +32,7 @@ class Calls:
             self.gathers += 1
             return self.facts
 
-        def apply_changes(conn, changes, *, disrupt=False, managed_files=()):
+        def apply_changes(conn, changes, *, disrupt=False, managed_files=(), known=None):
             self.applies.append(len(changes))
             # the batch records each change that takes effect at the next boot (apply.step_body)
             self.facts = done | {"gpuprov_reboot_pending": [f"{c.component}: {c.summary}" for c in changes
