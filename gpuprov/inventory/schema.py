@@ -104,6 +104,20 @@ class VariableSchema:
             self.refuse(item, name, (*path, i))
         return INVALID if bad else list(value)
 
+    def commands(self, item: Spec, value: Any, path: tuple) -> Any:
+        """A command, or a non-empty list of commands run in order, each matching the spec's pattern (hooks)."""
+        if isinstance(value, str):
+            return value if item.pattern.fullmatch(value) else self.refuse(item, value, path,
+                                                                           f"bad {item.what} {show(value)}")
+        if not isinstance(value, list) or not value:
+            self.doc.error(path, f"expected a {item.what} or a non-empty list of them, not {show(value)}")
+            return INVALID
+        bad = [(i, text) for i, text in enumerate(value)
+               if not (isinstance(text, str) and item.pattern.fullmatch(text))]
+        for i, text in bad:
+            self.refuse(item, text, (*path, i), f"bad {item.what} {show(text)}")
+        return INVALID if bad else list(value)
+
     def cidrs(self, item: Spec, value: Any, path: tuple) -> Any:
         """A non-empty list of networks (checks.network), each in its normal form."""
         if not isinstance(value, list) or not value:
@@ -330,7 +344,8 @@ class VariableSchema:
 
 # kind -> the VariableSchema method that checks it
 KINDS = {
-    "mapping": "mapping", "list": "sequence", "names": "names", "cidrs": "cidrs", "bool": "boolean",
+    "mapping": "mapping", "list": "sequence", "names": "names", "commands": "commands", "cidrs": "cidrs",
+    "bool": "boolean",
     "integer": "integer", "number": "number", "percent": "percent", "duration": "duration", "port": "port",
     "choice": "choice", "pattern": "pattern", "address": "address", "url": "url", "path": "host_path",
     "folder": "folder", "root_folder": "root_folder", "registry": "registry_address", "gpu": "gpu", "pin": "pin",

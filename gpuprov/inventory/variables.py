@@ -27,7 +27,8 @@ from typing import Any
 
 # the modules that declare variables, one per capability; each has VARIABLES, a tuple of Specs made by `declare`
 CAPABILITIES = ("gpuprov.provision.variables", "gpuprov.harden.variables", "gpuprov.monitoring.variables",
-                "gpuprov.validation.variables", "gpuprov.images.variables")
+                "gpuprov.validation.variables", "gpuprov.images.variables",
+                "gpuprov.rollout.variables")
 ANY = "*"
 
 

@@ -2,6 +2,7 @@
 
 Python API (tests, benchmarks and `invoke lab.*` use it):
     up(hosts=3, profiles=None) -> LabState     bring up (or reuse) N hosts, write inventory + known_hosts
+    up(..., slurm=True)                        also a Slurm cluster: a controller host + slurmd on the N hosts
     current() -> LabState | None               the lab as it is now, without changing anything
     status() -> list[LabHost]                  every lab container, running or not
     stop_host(name) / start_host(name)         simulate a host going down / coming back
@@ -25,11 +26,13 @@ def _quiet(_: str) -> None:
 
 
 def up(hosts: int = 3, profiles: list[str] | None = None, *, paths: LabPaths | None = None,
-       progress: Progress = _quiet, fresh: bool = False) -> LabState:
+       progress: Progress = _quiet, fresh: bool = False, slurm: bool = False) -> LabState:
     """Bring up `hosts` lab hosts with `profiles` cycled over them (default: the mixed set); a profile given as
     `NAME@RELEASE` runs that Debian release (gpuprov.lab.debian.RELEASES, each its own base and host image).
 
-    Matching running hosts are reused; `fresh` recreates every host from the image (bare servers).
+    Matching running hosts are reused; `fresh` recreates every host from the image (bare servers). `slurm` adds a
+    host without GPUs that runs slurmctld and makes every GPU host a Slurm node (gpuprov.lab.slurm); without it a
+    controller host left by an earlier `slurm` run is removed.
     """
     from gpuprov.lab.debian import DEFAULT_RELEASE
     from gpuprov.lab.engine import ensure_engine, verify_runs
@@ -44,6 +47,10 @@ def up(hosts: int = 3, profiles: list[str] | None = None, *, paths: LabPaths | N
 
     paths = paths or LabPaths.default()
     chosen = assign_profiles(hosts, profiles)
+    if slurm:
+        from gpuprov.lab.slurm import controller_profile
+
+        chosen.append(controller_profile())
     timings: dict[str, float] = {}
     started = time.monotonic()
     client = ensure_engine(progress)
@@ -68,9 +75,16 @@ def up(hosts: int = 3, profiles: list[str] | None = None, *, paths: LabPaths | N
     mark = time.monotonic()
     lab_hosts = reconcile(client, chosen, images, paths, progress, {"mirror": mirror_vars(mirror)})
     timings["hosts_s"] = time.monotonic() - mark
+    state = LabState(lab_hosts, paths, image=image, network=NETWORK, timings=timings)
+    if slurm:
+        from gpuprov.lab.slurm import ensure_slurm
+
+        mark = time.monotonic()
+        ensure_slurm(state, client, progress)
+        timings["slurm_s"] = time.monotonic() - mark
     timings["total_s"] = time.monotonic() - started
     progress(f"lab: {len(lab_hosts)} hosts ready in {timings['total_s']:.0f} s; inventory {paths.inventory}")
-    return LabState(lab_hosts, paths, image=image, network=NETWORK, timings=timings)
+    return state
 
 
 def _client():

@@ -1,6 +1,7 @@
 """Real Debian packages for the lab mirror: Docker (`docker.io`), what `invoke monitoring` installs
 (`prometheus-node-exporter`, `prometheus`), and what `invoke harden` and its judges use (`unattended-upgrades`,
-`lynis`), with every dependency a bare lab host lacks, downloaded once on the controller with `apt-get download`.
+`lynis`), with every dependency a bare lab host lacks, downloaded once on the controller with `apt-get download`;
+and, for `invoke lab.up --slurm` only, Slurm and munge (SLURM_PACKAGES).
 
 Lab hosts have no Debian mirror: the lab mirror is their only package source, so it serves these real .debs
 beside the stand-ins. Which packages are needed is what apt itself would install on a lab host: an
@@ -58,6 +59,9 @@ DEFAULT_RELEASE = "bookworm"
 
 # What lab hosts can install from the lab mirror besides the stand-ins.
 DEBIAN_PACKAGES = ("docker.io", "prometheus-node-exporter", "prometheus", "unattended-upgrades", "lynis")
+# What `invoke lab.up --slurm` installs on its hosts (slurm-wlm 22.05): resolved and downloaded only when asked, and
+# served beside the mirror's repository (gpuprov.lab.slurm), so that a lab without Slurm neither fetches nor serves it.
+SLURM_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 MANIFEST = "manifest.json"
 _INST = re.compile(r"^Inst (\S+) (?:\[\S+\] )?\((\S+) ")

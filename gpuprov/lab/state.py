@@ -114,6 +114,26 @@ def lab_monitoring_vars() -> dict:
     return {"dcgm_exporter": "service", "scrape_interval_s": 5, "drift_interval_min": 1}
 
 
+# The Slurm cluster of `invoke lab.up --slurm` (gpuprov.lab.slurm): the controller is the host of this service
+# profile (profiles.yaml `service_profiles`), the GPU hosts are the others, all in one partition.
+SLURM_CONTROLLER_PROFILE = "slurm-controller"
+SLURM_CONTROLLERS_GROUP = "slurm_controllers"
+SLURM_PARTITION = "gpu"
+
+
+def _slurm_layout(hosts: list[LabHost]) -> tuple[str | None, dict[str, list[str]], dict[str, dict]]:
+    """(the controller's name or None, the extra groups of each host, the extra vars of each host) of a lab whose
+    hosts include a Slurm controller; nothing for a lab without one."""
+    controller = next((h.name for h in hosts if h.profile == SLURM_CONTROLLER_PROFILE), None)
+    if controller is None:
+        return None, {}, {}
+    groups = {h.name: [SLURM_CONTROLLERS_GROUP] if h.name == controller else ["lab", h.profile, SLURM_PARTITION]
+              for h in hosts}
+    variables = {h.name: {"scheduler": {"kind": "slurm", "controller": controller}}
+                 for h in hosts if h.name != controller}
+    return controller, groups, variables
+
+
 def inventory_document(hosts: list[LabHost], paths: LabPaths, lab_vars: dict | None = None) -> dict:
     """The native inventory for the lab hosts (data only; `render_inventory` adds the header).
 
@@ -122,13 +142,18 @@ def inventory_document(hosts: list[LabHost], paths: LabPaths, lab_vars: dict | N
     `monitoring_address` is its internal IP (the network the hosts share: the multi-node rendezvous runs there, and
     Prometheus on a lab host scrapes the others there). Each profile's group carries the profile's `vars` from
     profiles.yaml (`container_engine: docker` for the HGX profiles). A host's `lab:` var names its profile, internal
-    IP and Debian release.
+    IP and Debian release. A host without GPUs (its `hardware` empty) has no `hardware:` var.
+
+    With a Slurm controller among the hosts (`lab.up --slurm`): the controller is only in `slurm_controllers`, the
+    GPU hosts are also in the partition's group (`gpu`) and have `scheduler: {kind: slurm, controller: NAME}`.
     """
     from gpuprov.lab.profiles import load_profiles
 
     known = load_profiles()
     known_hosts = os.path.relpath(paths.known_hosts, paths.inventory.parent)
-    profiles = sorted({h.profile for h in hosts})
+    controller, slurm_groups, slurm_vars = _slurm_layout(hosts)
+    profiles = sorted({h.profile for h in hosts if h.name != controller})
+    slurm = {SLURM_CONTROLLERS_GROUP: {"vars": {}}, SLURM_PARTITION: {"vars": {}}} if controller else {}
     return {
         "known_hosts": known_hosts,
         "defaults": {"user": "root", "identity_file": str(paths.key)},
@@ -136,18 +161,20 @@ def inventory_document(hosts: list[LabHost], paths: LabPaths, lab_vars: dict | N
             h.name: {
                 "address": h.address,
                 "port": h.port,
-                "groups": ["lab", h.profile],
-                "vars": {"hardware": dict(h.hardware),
+                "groups": slurm_groups.get(h.name, ["lab", h.profile]),
+                "vars": {**({"hardware": dict(h.hardware)} if h.hardware else {}),
                          "lab": {"profile": h.profile, "internal_ip": h.internal_ip, "release": h.release},
                          **({"cluster_address": h.internal_ip, "monitoring_address": h.internal_ip}
-                            if h.internal_ip else {})},
+                            if h.internal_ip else {}),
+                         **slurm_vars.get(h.name, {})},
             }
             for h in hosts
         },
         "groups": {"lab": {"vars": {"validate": lab_validate_vars(), "images": lab_images_vars(),
                                     "monitoring": lab_monitoring_vars(),
                                     **(lab_vars or {})}},
-                   **{p: {"vars": dict(known[p].vars) if p in known else {}} for p in profiles}},
+                   **{p: {"vars": dict(known[p].vars) if p in known else {}} for p in profiles},
+                   **slurm},
     }
 
 

@@ -38,6 +38,7 @@ FB_USED = f"DCGM_FI_DEV_FB_USED{{{DCGM}}}"
 FB_FREE = f"DCGM_FI_DEV_FB_FREE{{{DCGM}}}"
 IDLE_GPUS = f"max_over_time({GPU_UTIL}[{IDLE_WINDOW}]) < {IDLE_PCT}"
 IDLE_SHARE = f"(count by (host) ({IDLE_GPUS}) or count by (host) ({GPU_UTIL}) * 0) / count by (host) ({GPU_UTIL})"
+ROLLOUT_OUT = f'gpuprov_rollout_state{{{HOST}, state=~"draining|drained|upgrading|rebooting|validating|failed"}}'
 IDLE_COST = f"max by (host, currency) (gpuprov_cost_per_hour{{{HOST}}}) * on (host) group_left () ({IDLE_SHARE})"
 
 # what `concrete` puts in place of each template variable
@@ -159,6 +160,15 @@ def _rows() -> list[tuple[str, list[Sized]]]:
                         unit="s", line=DRIFT_STALE_S),
             _timeseries("Textfile errors", [(f'node_textfile_scrape_error{{job="gpuprov-node", {HOST}}}', "{{host}}")],
                         line=1, description="1 when node_exporter could not read a textfile of the host"),
+        ]),
+        ("Rollout", [
+            _table("Rollout state per host", [f"gpuprov_rollout_state{{{HOST}}} == 1"], ["host", "run", "state"],
+                   description="Each host's state in its last gpuprov rollout (invoke rollout --status says why "
+                               "a host waits)"),
+            _timeseries("Hosts out of service in a rollout", [
+                (f"count by (run) ({ROLLOUT_OUT} == 1)", "{{run}}")],
+                        description="Hosts a rollout has drained: waiting for jobs, upgrading, rebooting, "
+                                    "validating, or failed and left drained"),
         ]),
         ("Idle cost", [
             _timeseries("Idle GPU share per host", [(IDLE_SHARE, "{{host}}")], unit="percentunit",

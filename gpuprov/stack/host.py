@@ -59,9 +59,9 @@ _LOCK_WRITES = threading.Lock()
 
 
 def _move_lock(host, path: Path, lock: dict, resolved, options: LockUse) -> tuple[dict, str, list[str]]:
-    """--update-lock: move the lock to the resolved stack, once per run; the hosts that share it (a group's)
-    must resolve the same stack. A dry run writes nothing."""
-    from gpuprov.stack.lock import drift, write_lock
+    """--update-lock: move the lock to the resolved stack, once per run, keeping the one it replaces in the locks
+    folder's history/; the hosts that share it (a group's) must resolve the same stack. A dry run writes nothing."""
+    from gpuprov.stack.lock import HISTORY, drift, write_lock
 
     with _LOCK_WRITES:
         first = options.moved_locks.get(str(path))
@@ -78,5 +78,7 @@ def _move_lock(host, path: Path, lock: dict, resolved, options: LockUse) -> tupl
         if options.dry_run:
             return resolved.to_dict(), str(path), [f"would move the lock {path} to the resolved stack (dry run: "
                                                    "not written)"]
-        write_lock(path, resolved, lock.get("inputs", {}), lock.get("images"))
-        return resolved.to_dict(), str(path), [f"moved the lock {path} to the resolved stack"]
+        write_lock(path, resolved, lock.get("inputs", {}), lock.get("images"))  # keeps the replaced one in history
+        return resolved.to_dict(), str(path), [f"moved the lock {path} to the resolved stack; the previous one is "
+                                               f"kept in {path.parent / HISTORY} (invoke rollout --to-lock previous "
+                                               "takes it back)"]

@@ -3,14 +3,20 @@ images the hosts run (`images:`, by digest, with each image's minimum driver).
 
 A lock that cannot be used raises `LockError` (exit 2) with every problem as `FILE:LINE:COL: key: message`;
 the YAML is read with the inventory's reader, so places and key paths are found the same way.
+
+A write that replaces a lock with a different stack keeps the replaced file, byte for byte, as
+`<locks dir>/history/<name>.<UTC stamp>[.<n>].lock.yaml`; `invoke rollout --to-lock previous` takes the newest.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +36,9 @@ HEADER = """\
 """
 NEWER_PARTS = {"driver": "driver", "cuda": "cuda", "nccl": "nccl", "container_toolkit": "container toolkit",
                "dcgm": "dcgm"}
+HISTORY = "history"  # the folder, inside the locks folder, of the versions a lock replaced
+SUFFIX = ".lock.yaml"
+_HISTORY_BASE_MAX = 255 - len(SUFFIX) - len(".20260101T000000Z") - len(".999999")  # a kept name fits NAME_MAX
 _HINT = "restore the lock from version control, or re-create it with: invoke stack.lock --group/--host NAME"
 
 
@@ -53,13 +62,17 @@ def write_lock(path: str | Path, stack, inputs: dict, images: list[dict] | None 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = HEADER + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:200]}.")  # the name fits NAME_MAX
+    kept = None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
+        kept = _keep_previous(path, data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        if kept is not None:  # the lock was not replaced: the copy of it is not history
+            kept.unlink(missing_ok=True)
         raise
     return path
 
@@ -98,6 +111,128 @@ def package_key(lock: dict, name: str) -> str | None:
             if pkg["name"] == name:
                 return f"stack.{part}.packages[{index}].version"
     return None
+
+
+# ---------------------------------------------------------------------------------------------- history
+
+def lock_history(path: str | Path) -> list[Path]:
+    """The kept versions of the lock at `path` (in `<its folder>/history`), newest first by the UTC stamp and
+    number in their names (never by modification time)."""
+    path = Path(path)
+    pattern = re.compile(re.escape(_history_base(path)) + r"\.(\d{8}T\d{6}Z)(?:\.([1-9]\d*))?" + re.escape(SUFFIX))
+    try:
+        entries = list((path.parent / HISTORY).iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found = [(match[1], int(match[2] or 0), entry) for entry in entries
+             if (match := pattern.fullmatch(entry.name)) and entry.is_file()]
+    return [entry for _, _, entry in sorted(found, reverse=True)]
+
+
+def target_lock(value: str, governing: Path | None, locks_dir: Path) -> Path:
+    """The lock `--to-lock VALUE` names, as an absolute path: `previous` (the newest kept version of the governing
+    lock) or a lock file's path (relative to the current folder); loaded, so a corrupt one is a LockError (exit 2)."""
+    if not str(value).strip():
+        raise InputError("--to-lock is empty: give a lock file's path, or previous")
+    if value != "previous":
+        path = Path(value)
+    elif governing is None:
+        raise InputError(f"--to-lock previous: no lock in {locks_dir} governs these hosts, so there is no "
+                         "previous one", hint="give --to-lock the path of the lock to roll out")
+    else:
+        kept = lock_history(governing)
+        if not kept:
+            raise InputError(f"--to-lock previous: {governing} has no earlier version in "
+                             f"{Path(governing).parent / HISTORY}",
+                             hint="history starts with the first --update-lock (or stack.lock) that replaces the "
+                                  "lock after gpuprov began keeping it; give --to-lock the path of an older lock, "
+                                  "e.g. one restored from version control")
+        path = kept[0]
+    load_lock(path)  # named as given: the error shows the path the operator typed
+    return path.absolute()
+
+
+def adopt_lock(source: str | Path, governing: str | Path) -> bool:
+    """Make the lock at `source` the governing lock (written as write_lock writes, so the one it replaces is
+    kept in history); False, and nothing written, when both already hold the same stack."""
+    lock = load_lock(source)
+    if _same_stack(_stack_at(Path(governing)), lock["stack"]):
+        return False
+    write_lock(governing, lock["stack"], lock["inputs"], lock["images"])
+    return True
+
+
+def _keep_previous(path: Path, stack: dict) -> Path | None:
+    """Copy the lock at `path` (bytes and mode as they are) into history when `stack` differs from its stack
+    (or it is not a readable lock); the copy's path, or None when nothing was kept. Never overwrites a copy."""
+    try:
+        data = read_regular(path, MAX_LOCK_BYTES)
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        reason = exc.reason if isinstance(exc, NotRegular) else f"cannot read: {exc.strerror}"
+        raise InputError(f"{path}: {reason}; not replaced, as the previous lock could not be kept",
+                         hint=f"move {path} away, then write the lock again") from None
+    if _same_stack(_stack_at(path), stack):
+        return None
+    folder = path.parent / HISTORY
+    stamp = f"{_history_base(path)}.{_now().strftime('%Y%m%dT%H%M%SZ')}"
+    try:
+        folder.mkdir(exist_ok=True)
+        fd, kept = _create_new(folder, stamp, mode)
+    except OSError as exc:
+        raise InputError(f"{folder}: cannot keep the previous lock there: {exc.strerror}; {path} not replaced",
+                         hint=f"make {folder} a folder gpuprov can write, then write the lock again") from None
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), mode)  # the mode as it was, whatever the umask
+            handle.write(data)
+    except BaseException:
+        kept.unlink(missing_ok=True)
+        raise
+    return kept
+
+
+def _create_new(folder: Path, stamp: str, mode: int) -> tuple[int, Path]:
+    """A new file `<stamp>[.<n>].lock.yaml` in `folder` (the first n free, none for the first) and its fd."""
+    number = 0
+    while True:
+        kept = folder / f"{stamp}{f'.{number}' if number else ''}{SUFFIX}"
+        try:
+            return os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), mode), kept
+        except FileExistsError:
+            number += 1
+
+
+def _history_base(path: Path) -> str:
+    """The name a lock's kept versions start with: its file name less `.lock.yaml`, shortened with a hash when
+    the kept names would not fit a file name (`~` is in no host or group name, so it names no other lock)."""
+    name = path.name[:-len(SUFFIX)] if path.name.endswith(SUFFIX) and path.name != SUFFIX else path.name
+    if len(name.encode()) <= _HISTORY_BASE_MAX:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+    return name.encode()[:_HISTORY_BASE_MAX - 13].decode(errors="ignore") + "~" + digest
+
+
+def _stack_at(path: Path) -> dict | None:
+    """The stack of the lock at `path`, or None when there is none or it is not a usable lock."""
+    try:
+        return load_lock(path)["stack"]
+    except InputError:
+        return None
+
+
+def _same_stack(old: dict | None, new: dict) -> bool:
+    """Whether two stack sections are the same stack (a section an older lock lacks counts as null)."""
+    from gpuprov.stack.resolve import Stack
+
+    keys = (*Stack.REQUIRED, *Stack.OPTIONAL)
+    return old is not None and {key: old.get(key) for key in keys} == {key: new.get(key) for key in keys}
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
 
 
 # ---------------------------------------------------------------------------------------------- reading

@@ -9,7 +9,7 @@ from gpuprov.core.config import DEFAULTS
 
 def namespace() -> Collection:
     """The root collection: host tasks at the top, tool groups as sub-collections."""
-    from gpuprov.tasks import facts, harden, images, inventory, lab, monitoring, provision, stack, validate
+    from gpuprov.tasks import facts, harden, images, inventory, lab, monitoring, provision, rollout, stack, validate
 
     ns = Collection()
     ns.add_task(facts.facts)
@@ -19,6 +19,7 @@ def namespace() -> Collection:
     checks.add_task(validate.validate, default=True)
     ns.add_collection(checks)
     ns.add_task(harden.harden)
+    ns.add_task(rollout.rollout)
     ns.add_collection(Collection.from_module(images, name="images"))
     ns.add_collection(Collection.from_module(inventory, name="inventory"))
     ns.add_collection(Collection.from_module(lab, name="lab"))

@@ -24,14 +24,17 @@ def _printer():
                "(default: a mix of hgx-h100, l40s, a100-pcie, rtx-4090, h200); NAME@RELEASE runs Debian "
                "bullseye or trixie instead of bookworm, e.g. l40s@trixie",
     "fresh": "recreate every host from the image: bare servers, nothing provisioned",
+    "slurm": "also a Slurm cluster (Debian's slurm-wlm): slurmctld on one more host without GPUs, slurmd on every "
+             "GPU host, all in partition gpu",
 })
 @exits_cleanly
-def up(c, hosts=None, profile=None, fresh=False):
+def up(c, hosts=None, profile=None, fresh=False, slurm=False):
     """Start the lab (Docker engine, images, hosts) and write inventories/lab.yaml."""
     import gpuprov.lab
 
-    count = 3 if hosts is None else whole_number("--hosts", hosts, 1, MAX_LAB_HOSTS)
-    state = gpuprov.lab.up(count, split_names(profile, "--profile") or None, progress=_printer(), fresh=fresh)
+    count = 3 if hosts is None else whole_number("--hosts", hosts, 1, MAX_LAB_HOSTS - 1 if slurm else MAX_LAB_HOSTS)
+    state = gpuprov.lab.up(count, split_names(profile, "--profile") or None, progress=_printer(), fresh=fresh,
+                           slurm=slurm)
     _table(state.hosts)
     print(f"inventory: {state.inventory}\nknown_hosts: {state.known_hosts}\nkey: {state.key}")
 

@@ -166,7 +166,7 @@ def lock(c, host=None, group=None, all=False, inventory=None, os=None, parallel=
     """
     from gpuprov.core.errors import GpuprovError
     from gpuprov.core.report import check_folder
-    from gpuprov.stack.lock import write_lock
+    from gpuprov.stack.lock import lock_history, write_lock
     from gpuprov.stack.resolve import check_os, resolve_for_host
 
     parallel_setting(c, parallel)
@@ -193,9 +193,13 @@ def lock(c, host=None, group=None, all=False, inventory=None, os=None, parallel=
                              "per host or give them the same hardware/stack vars", step="stack.lock")
     for name, members in targets.items():
         stack = stacks[members[0]]
-        path = write_lock(path_setting(c, "locks") / f"{name}.lock.yaml", stack, stack.inputs, images)
+        path = path_setting(c, "locks") / f"{name}.lock.yaml"
+        before = set(lock_history(path))
+        write_lock(path, stack, stack.inputs, images)  # a lock with another stack is kept in history/
         print(f"wrote {literal(str(path))} (driver {stack.driver['version']}, CUDA {stack.cuda['version']}, "
               f"NCCL {stack.nccl['version']}" + "".join(f"; {i['name']} {i['digest']}" for i in images) + ")")
+        for kept in [entry for entry in lock_history(path) if entry not in before]:
+            print(f"kept the lock it replaced as {literal(str(kept))}", file=sys.stderr)
     if new_folder:
         print(f"created the folder {literal(str(path_setting(c, 'locks')))} (gpuprov.locks)", file=sys.stderr)
 

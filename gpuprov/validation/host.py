@@ -412,14 +412,14 @@ def _publish(fleet, runs: list[ValidationRecord], entries: list[dict], finished:
             "path": f"{folders[outcome.host.name]}/{TEXTFILE}", "error": str(outcome.error)}
 
 
-def publish_textfile(conn, text: str, directory: str) -> str:
-    """Place the host's Prometheus textfile in node_exporter's textfile folder: a temporary file in that folder,
+def publish_textfile(conn, text: str, directory: str, name: str = TEXTFILE) -> str:
+    """Place the host's Prometheus textfile `name` in node_exporter's textfile folder: a temporary file in that folder,
     renamed over the old one (node_exporter never reads half a file). Root writes only into a folder root alone
     can change (no symlink can be swapped in); another is refused. Returns its path."""
     from gpuprov.validation.remote import Remote
 
     folder = directory.rstrip("/")
-    path = f"{folder}/{TEXTFILE}"
+    path = f"{folder}/{name}"
     Remote(conn, step="textfile").write_text(text, path, step="textfile", hint=(
         f"root writes the textfile only into a folder root alone can change: make {folder} and every folder above "
         f"it owned by root and writable by root alone (chown root:root {folder}; chmod 0755 {folder}; node_exporter "

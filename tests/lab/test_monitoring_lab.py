@@ -247,16 +247,26 @@ def test_a_host_added_to_the_inventory_is_scraped_without_a_restart(fleet):
 
 
 def test_every_dashboard_panel_query_returns_data(fleet):
+    """A host in the middle of a rollout (its textfile as `invoke rollout` writes it) included."""
     from gpuprov.monitoring.dashboard import build_dashboard, concrete, panel_queries
+    from gpuprov.rollout.status import METRIC_FILE, metric_text
 
     queries = panel_queries(build_dashboard())
     assert len(queries) >= 20
-    with prometheus(fleet) as prom:
-        empty = []
-        for title, expr in queries:
-            if not prom.query(concrete(expr)):
-                empty.append(f"{title}: {expr}")
-        assert not empty, "panels without data:\n" + "\n".join(empty)
+    rollout = f"/var/lib/prometheus/node-exporter/{METRIC_FILE}"
+    on_host(fleet.lab, fleet.b, f"printf %s {shlex.quote(metric_text('0123abcd-1', 'upgrading', time.time()))} "
+                                f"> {rollout}")
+    try:
+        with prometheus(fleet) as prom:
+            wait_until(prom, f"{fleet.b} upgrading", lambda: values(
+                prom, f'gpuprov_rollout_state{{host="{fleet.b}", state="upgrading"}} == 1'))
+            empty = []
+            for title, expr in queries:
+                if not prom.query(concrete(expr)):
+                    empty.append(f"{title}: {expr}")
+            assert not empty, "panels without data:\n" + "\n".join(empty)
+    finally:
+        on_host(fleet.lab, fleet.b, f"rm -f {rollout}")
 
 
 def test_idle_lists_the_idle_host_with_its_cost_and_not_the_busy_one(fleet):

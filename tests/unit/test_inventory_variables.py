@@ -40,8 +40,9 @@ def one_variable(tmp_path: Path, line: str) -> tuple[Path, list[str]]:
 
 def test_each_variable_is_declared_once_by_one_capability_with_a_kind_that_has_a_checker():
     specs = registry()
-    assert {item.owner for item in specs.values()} == {"provision", "harden", "monitoring", "validation", "images"}
-    assert len(CAPABILITIES) == 5
+    assert {item.owner for item in specs.values()} == {"provision", "harden", "monitoring", "validation", "images",
+                                                     "rollout"}
+    assert len(CAPABILITIES) == 6
     for name, item in specs.items():
         assert item.name == name and item.kind in KINDS and item.description, name
         assert hasattr(VariableSchema, KINDS[item.kind]), item.kind

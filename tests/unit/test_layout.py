@@ -74,13 +74,16 @@ def test_only_the_lab_tasks_import_the_lab():
     assert scanned > 150 and offenders == {}
 
 
-CAPABILITIES = ("provision", "harden", "monitoring", "validation", "images")
+CAPABILITIES = ("provision", "harden", "monitoring", "validation", "images", "rollout")
 BELOW_CAPABILITIES = ("core", "facts", "inventory", "stack", "smoke", "catalog")
 CORE_MAY_IMPORT = ("core", "facts", "inventory")
 # The declared edges between capabilities, each for a reason that is the product's, not the code's convenience.
 ALLOWED_EDGES = {
     ("images", "validation"): "images carry and test the validation suite: its layout, wheel set and document",
     ("harden", "monitoring"): "the firewall opens the exporters' ports from the monitoring network",
+    ("rollout", "provision"): "a rollout upgrades each drained host with provision",
+    ("rollout", "validation"): "a rollout validates each upgraded host before it is resumed, and places its "
+                               "textfile as validate does",
 }
 
 

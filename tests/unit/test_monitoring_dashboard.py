@@ -33,7 +33,7 @@ CONTRACT_METRICS = {
     "gpuprov_drift_timestamp_seconds", "gpuprov_cost_per_hour",
     "gpuprov_check_ok", "gpuprov_matmul_tflops", "gpuprov_copy_gbps", "gpuprov_allreduce_busbw_gbps",
     "gpuprov_validate_timestamp_seconds", "gpuprov_check_status", "gpuprov_matmul_threshold_tflops",
-    "gpuprov_copy_threshold_gbps",
+    "gpuprov_copy_threshold_gbps", "gpuprov_rollout_state",
     "node_textfile_mtime_seconds", "node_textfile_scrape_error", "up",
 }
 # what the dashboard must show (issue 12): health, throttling, errors, validation against thresholds, drift, cost
