@@ -83,6 +83,9 @@ class BatchHooks:
     - `gate(outcomes)`: after each batch (with a window: after each host ends), with every Outcome so far in host
       order; a returned text stops the run: no new host starts and the rest are skipped Outcomes naming it.
 
+    - `interrupted()`: once, on the first Ctrl-C (no new host starts): work in progress may stop at its next
+      safe point instead of running to its end (a rollout stops waiting for jobs).
+
     A hook or gate that raises stops the run the same way (no hook is called after it: after a failed
     before_batch, that batch's hosts are skipped and its after_batch is not called); run_on_hosts then raises
     HookError, which carries every host's Outcome.
@@ -91,6 +94,7 @@ class BatchHooks:
     before_batch: Callable[[int, list], None] | None = None
     after_batch: Callable[[int, list[Outcome]], None] | None = None
     gate: Callable[[list[Outcome]], str | None] | None = None
+    interrupted: Callable[[], None] | None = None
 
 
 SERIAL_FLAG = "--serial"

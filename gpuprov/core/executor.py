@@ -333,6 +333,8 @@ class _Run:
                         _abandon(self.running, self.live, self.outcomes)
                         break
                     self.interrupted = True
+                    if self.hooks.interrupted is not None:   # work in progress stops at its next safe point
+                        self.hooks.interrupted()
                     print(f"interrupted: no new host starts; waiting for the hosts in progress "
                           f"({len(self.running)}); Ctrl-C again stops waiting and closes their connections",
                           file=sys.stderr)

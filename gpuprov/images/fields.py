@@ -308,6 +308,13 @@ def command(doc: Located, value: Any, path: tuple) -> Any:
         return INVALID
     args = [item if item == "" else text(doc, item, (*path, i), "an argument", "python3")
             for i, item in enumerate(value)]
+    for i, item in enumerate(args):
+        # Docker reads ["x\\"] as JSON, hadolint (and other Dockerfile readers) take the `\"` for an escaped quote
+        # and the whole CMD for the shell form
+        if isinstance(item, str) and item.endswith("\\"):
+            doc.error((*path, i), f"an argument ending in a backslash ({show(item)}): Dockerfile readers such as "
+                                  "hadolint take it for an escaped quote; put the command in a script")
+            args[i] = INVALID
     return INVALID if INVALID in args else tuple(args)
 
 

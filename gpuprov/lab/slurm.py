@@ -58,6 +58,7 @@ READY_TIMEOUT_S = int(os.environ.get("GPUPROV_LAB_SLURM_TIMEOUT", "180"))
 # long for a rebooted node (`scontrol reboot`) to come back
 SLURMD_OPTIONS = "-b"
 RESUME_TIMEOUT_S = 600
+RELEASE_DIR = "/run/gpuprov-lab-release"   # submit_job(release=True): a job ends once its id's file is here
 MIN_JOB_AGE_S = 3600     # finished jobs stay visible to `scontrol show job` (job_state) this long
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _GRES_TYPE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
@@ -458,17 +459,32 @@ def run_on_controller(state: LabState, argv: list[str]) -> str:
 
 
 def submit_job(state: LabState, node: str, seconds: int, *, name: str = "gpuprov-lab",
-               partition: str = SLURM_PARTITION) -> int:
-    """Submit `sleep SECONDS` as a batch job on `node`, with a time limit a minute or two above it (as a real
-    job has one: squeue's time left means something); the job id."""
+               partition: str = SLURM_PARTITION, release: bool = False) -> int:
+    """Submit a batch job on `node` that runs SECONDS (`release`: until `release_job` ends it, at most SECONDS;
+    either way it ends by itself, exit 0), with a time limit a minute or two above it (as a real job has one:
+    squeue's time left means something); the job id."""
     if not isinstance(seconds, int) or isinstance(seconds, bool) or seconds < 0:
         raise InputError(f"seconds must be a whole number of seconds, got {seconds!r}", step="lab slurm")
+    work = (f"for i in $(seq {seconds}); do [ -e {RELEASE_DIR}/$SLURM_JOB_ID ] && exit 0; sleep 1; done"
+            if release else f"sleep {seconds}")
     out = run_on_controller(state, ["sbatch", "--parsable", "-p", partition, "-w", check_name(node), "-J", name,
-                                    f"--time={seconds // 60 + 2}", "-o", "/dev/null", "--wrap", f"sleep {seconds}"])
+                                    f"--time={seconds // 60 + 2}", "-o", "/dev/null", "--wrap", work])
     job = out.strip().split(";")[0]
     if not _JOB_ID.match(job):
         raise GpuprovError(f"sbatch answered {out.strip()!r}, not a job id", step="lab slurm", command="sbatch")
     return int(job)
+
+
+def release_job(state: LabState, node: str, job_id: int) -> None:
+    """End a job submitted with `release=True` on `node`: it finishes by itself (COMPLETED), nothing is killed."""
+    import docker
+
+    host = next((h for h in state.hosts if h.name == check_name(node)), None)
+    if host is None:
+        raise InputError(f"no lab host {node!r}", step="lab slurm", hint="name one of: "
+                         + ", ".join(h.name for h in state.hosts))
+    _exec(docker.from_env(), host, ["sh", "-c", f"mkdir -p {RELEASE_DIR} && touch {RELEASE_DIR}/{int(job_id)}"],
+          "lab slurm: release a job")
 
 
 def job_state(state: LabState, job_id: int) -> str:

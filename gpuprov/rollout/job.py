@@ -5,7 +5,7 @@ Each host goes through a state machine, every state written to the journal befor
     selected -> draining -> drained -> upgrading -> [rebooting] -> validating -> resumed
                          \\-> skipped (jobs past --wait-jobs: the drain is lifted, nothing killed)
     any step that fails -> failed (left drained, the reason in the scheduler and the report; the first failure
-                           stops new batches, and a rerun tries the host again from its upgrade)
+                           stops new batches, and a rerun tries the host again from its drain)
     a host already on the target stack -> current (never drained)
 
 Upgrading is provision (reboot never; disruptive steps still refused if work runs outside the scheduler), rebooting
@@ -16,6 +16,7 @@ left in a middle state goes on from there (provision is idempotent, so an upgrad
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,16 +26,16 @@ from gpuprov.core.runtime import HostJob, HostRecord, Say, error_line
 from gpuprov.rollout.journal import Journal
 from gpuprov.rollout.scheduler import REASON_PREFIX, Job, NodeState, Scheduler
 
-POLL_S = 5.0          # how often a draining host's jobs (or a resumed node's state) are looked at
+POLL_S = 5.0           # how often a draining host's jobs are looked at
 RESUME_WAIT_S = 120.0  # how long a resumed node may take to be back in service before the next batch
 RESUME_POLL_S = 1.0    # how often it is looked at meanwhile (slurmd registers within seconds)
+MIDDLE = ("draining", "drained", "upgrading", "rebooting", "validating", "failed")   # a host the run left drained
 
 
 @dataclass(frozen=True)
 class RolloutOptions:
     """What the operator asked for."""
 
-    drain: str = "slurm"                   # slurm | hook | none
     wait_jobs_s: float = 3600.0            # how long a draining host may wait for its jobs
     validate: str = "quick"                # quick | burn-in | none
     checks: tuple[str, ...] | None = None  # validate --only
@@ -95,6 +96,7 @@ class RolloutJob(HostJob):
         self.options, self.journal, self.scheduler = options, journal, scheduler
         self.inventory_dir, self.budget, self.hosts = inventory_dir, budget, hosts
         self.moved_locks: dict = {}      # --update-lock moves each lock once per run (provision's Options)
+        self.stopping = threading.Event()  # Ctrl-C: hosts in flight finish their step, then stop where they are
 
     # -- one host ----------------------------------------------------------------------------------------------
     def new_record(self, host) -> RolloutRecord:
@@ -109,6 +111,8 @@ class RolloutJob(HostJob):
         except GpuprovError as exc:
             self._fail(conn.host, record, exc.step or record.state, exc.message.splitlines()[0])
             record.status = "failed"
+            if not self.dry_run:
+                _write_metric(conn, self.journal, "failed", record)
             exc.run = record
             raise
         return record
@@ -117,16 +121,22 @@ class RolloutJob(HostJob):
         host, started = conn.host, record.state
         if started in ("resumed", "current"):
             record.status, record.reason = "unchanged", f"{started} earlier in rollout {self.journal.run_id}"
-            self._resume_if_ours(host)        # a run stopped between its journal entry and the resume
+            problem = None if self.dry_run else self._resume_if_ours(host)   # a run stopped before the resume
+            if problem:
+                record.notices.append(problem)
             return
         say("plan")
         plan = self._provision(conn, say, dry_run=True)
         record.from_stack = record.from_stack or _stack_words(plan.facts_before, None)
         record.to_stack = _stack_words(None, plan.stack)
         node = self.scheduler.nodes([host])[host.name]
-        ours = node.drained_by(self.journal.run_id)
-        if started == "failed":       # a rerun tries a failed host again: still drained, from the upgrade on
-            started = record.state = "upgrading" if ours else "selected"
+        # a node another rollout left drained after a failure is this run's to take over (a failed host rolled
+        # back alone); any other drain is someone else's
+        ours = node.drained_by(self.journal.run_id) or node.failed_rollout()
+        if started == "failed" or (started in MIDDLE and not ours):
+            # tried again from the drain: its jobs are waited for again (a failure while draining, or a node
+            # someone resumed since, may run jobs); the upgrade itself is idempotent
+            started = record.state = "selected"
         if plan.status == "unchanged" and not ours:
             record.state = record.status = "current"
             record.reason = "already on the target stack"
@@ -138,6 +148,7 @@ class RolloutJob(HostJob):
             record.reason = ("down" if node.down else "drained") + f" outside this rollout: {node.reason or '-'}"
             if not self.dry_run:
                 self.journal.transition(host.name, "skipped", record.reason)
+                _write_metric(conn, self.journal, "skipped", record)
             return
         if self.dry_run:
             record.status, record.plan = "planned", plan.plan
@@ -146,6 +157,7 @@ class RolloutJob(HostJob):
             return
         if started in ("selected", "draining", "skipped") and not self._drain(conn, record, say, node):
             return
+        self._check_stop(host, record)
         if record.state in ("drained", "upgrading"):
             self._move(conn, record, "upgrading", f"{record.from_stack} -> {record.to_stack}")
             say("upgrade")
@@ -153,6 +165,7 @@ class RolloutJob(HostJob):
             record.provision = _provision_summary(upgraded)
             if upgraded.reboot == "required":
                 self._move(conn, record, "rebooting", upgraded.reboot_detail)
+        self._check_stop(host, record)
         if record.state == "rebooting" or record.state == "upgrading":
             say("reboot" if record.state == "rebooting" else "stack check")
             settled = self._provision(conn, say, reboot="if-needed")
@@ -161,17 +174,20 @@ class RolloutJob(HostJob):
                 what = "; ".join(m.get("what", "") for m in settled.mismatches) or settled.reboot_detail
                 raise GpuprovError(f"the host is not on the target stack after the upgrade: {what}",
                                    host=host.name, step="upgrading", hint="see the provision steps in the report")
+        self._check_stop(host, record)
         if record.state in ("upgrading", "rebooting", "validating"):
             self._validate(conn, record, say)
         self._move(conn, record, "resumed", f"on {record.to_stack}")
-        self._resume_if_ours(host)
+        problem = self._resume_if_ours(host)
+        if problem:
+            record.notices.append(problem)
         record.status = "changed"
 
     def _drain(self, conn, record: RolloutRecord, say: Say, node: NodeState) -> bool:
         """Drain the node and wait for its jobs (up to --wait-jobs); False when the host was skipped."""
         host = conn.host
         reason = f"{REASON_PREFIX} {self.journal.run_id}: {record.from_stack} -> {record.to_stack}"
-        self._move(conn, record, "draining", "waiting for running jobs to end", drained_by_us=True)
+        self._move(conn, record, "draining", "waiting for running jobs to end")
         self.scheduler.drain(host, reason)
         deadline = time.monotonic() + self.options.wait_jobs_s
         waited: set[str] = set()
@@ -186,20 +202,22 @@ class RolloutJob(HostJob):
                 self.journal.transition(host.name, "draining", waits, jobs=record.jobs, seen=_now())
             else:
                 self.journal.note(host.name, jobs=record.jobs, detail=waits, seen=_now())
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or self.stopping.is_set():
                 return self._skip(conn, record, jobs, node)
             say(waits)
-            time.sleep(min(POLL_S, max(deadline - time.monotonic(), 0.1)))
+            self.stopping.wait(min(POLL_S, max(deadline - time.monotonic(), 0.1)))
         self._move(conn, record, "drained", "no job runs on the node", jobs=[])
         return True
 
     def _skip(self, conn, record: RolloutRecord, jobs: list[Job], before: NodeState) -> bool:
         """Jobs outlived --wait-jobs: nothing is killed; the drain is lifted (it was ours) and the host named."""
         record.status = record.state = "skipped"
-        record.reason = (f"jobs still running after --wait-jobs {_duration(self.options.wait_jobs_s)}: "
-                         + ", ".join(job.describe() for job in jobs) + "; drain lifted, rerun the rollout later")
-        self.journal.transition(conn.host.name, "skipped", record.reason, jobs=record.jobs, drained_by_us=False)
-        if not before.drained or before.drained_by(self.journal.run_id):
+        why = ("interrupted (Ctrl-C)" if self.stopping.is_set() else
+               f"--wait-jobs {_duration(self.options.wait_jobs_s)} passed")
+        record.reason = (f"{why} while jobs still run: " + ", ".join(job.describe() for job in jobs)
+                         + "; drain lifted, rerun the rollout later")
+        self.journal.transition(conn.host.name, "skipped", record.reason, jobs=record.jobs)
+        if not before.drained or before.drained_by(self.journal.run_id) or before.failed_rollout():
             self.scheduler.resume(conn.host)
         _write_metric(conn, self.journal, record.state)
         return False
@@ -223,7 +241,8 @@ class RolloutJob(HostJob):
             failed = "; ".join(f"{c['check']}: {c['reason']}" for c in record.failed_checks) or error_line(result)
             raise GpuprovError(f"validation failed: {failed}", host=conn.host.name, step="validating",
                                hint="the node stays drained; fix the host, then rerun the rollout, or roll this "
-                                    "host back alone (invoke rollout --host NAME --to-lock previous)")
+                                    "host back alone: invoke rollout --host NAME --to-lock previous (it gets a "
+                                    "lock of its own)")
 
     def _provision(self, conn, say: Say, *, dry_run: bool = False, reboot: str = "never"):
         """A provision pass on the host (its record), with the run's locks; the drained host's own work guard
@@ -258,32 +277,51 @@ class RolloutJob(HostJob):
         except GpuprovError as exc:
             record.notices.append(f"could not record the failure in the scheduler: {exc.message}")
 
-    def _resume_if_ours(self, host) -> None:
+    def _resume_if_ours(self, host) -> str | None:
         """Resume a node this run drained, and wait until the scheduler has it back in service (Slurm shows a
         resumed node not responding until slurmd registers again), so the next batch counts it available."""
         node = self.scheduler.nodes([host])[host.name]
         if not (node.drained and node.drained_by(self.journal.run_id)):
-            return
+            return None
         self.scheduler.resume(host)
         deadline = time.monotonic() + RESUME_WAIT_S
         node = self.scheduler.nodes([host])[host.name]
         while (node.drained or node.down) and time.monotonic() < deadline:
             time.sleep(RESUME_POLL_S)
             node = self.scheduler.nodes([host])[host.name]
+        return None if not (node.drained or node.down) else (
+            f"resumed, but the scheduler does not have the node back in service after {RESUME_WAIT_S:g} s: "
+            f"{node.state or '-'} ({node.reason or 'no reason'}); check it before it counts as unavailable")
 
     # -- the fleet's view ---------------------------------------------------------------------------------------
     def hooks(self, fleet):
         from gpuprov.core.batches import BatchHooks
 
-        return BatchHooks(before_batch=self._before_batch)
+        return BatchHooks(before_batch=self._before_batch, interrupted=self._interrupted)
+
+    def _interrupted(self) -> None:
+        self.stopping.set()
+        if not self.dry_run:
+            self.journal.set_status("interrupted", "interrupted (Ctrl-C): rerun the same command to resume")
+
+    def _check_stop(self, host, record: RolloutRecord) -> None:
+        """After Ctrl-C a host stops between steps, drained, where the journal says: a rerun resumes it there."""
+        if self.stopping.is_set():
+            raise GpuprovError(f"interrupted (Ctrl-C) after {record.state}: the node stays drained", host=host.name,
+                               step=record.state, hint="rerun the same command: the host goes on from there")
 
     def _before_batch(self, index: int, hosts: list) -> None:
         """max-unavailable: hosts drained or down outside this rollout, plus this batch, within the budget."""
         if self.dry_run:
             return
         states = self.scheduler.nodes(self.hosts)
+        starting_names = {h.name for h in hosts}
         self.budget.others = {name: _unavailable(node) for name, node in states.items()
                               if (node.drained or node.down) and not node.drained_by(self.journal.run_id)}
+        self.budget.others.update({name: "failed in this rollout, left drained" for name, node in states.items()
+                                   if node.drained and node.drained_by(self.journal.run_id)
+                                   and name not in starting_names
+                                   and self.journal.host(name).get("state") == "failed"})
         starting = [h for h in hosts if h.name not in self.budget.others
                     and self.journal.host(h.name).get("state") not in ("resumed", "current")]
         blocked = self.budget.blocked(len(starting))
@@ -299,6 +337,9 @@ class RolloutJob(HostJob):
     def finish(self, fleet, records: list, entries: list[dict]) -> dict:
         if self.dry_run:
             return {"run_id": self.journal.run_id, "journal": None}
+        for entry in entries:    # a host that failed before its work began (connect, host key): said in the journal
+            if entry.get("status") == "failed" and self.journal.host(entry["host"]).get("state") == "selected":
+                self.journal.transition(entry["host"], "failed", f"connect: {error_line(entry)}")
         done = all(self.journal.host(e["host"]).get("state") in ("resumed", "current") for e in entries)
         if done:
             self.journal.set_status("complete", "every host is on the target stack")

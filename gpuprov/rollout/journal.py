@@ -25,8 +25,9 @@ from gpuprov.core.errors import InputError, literal
 # the per-host state machine (issue 20): every state a host can be in, in order
 STATES = ("selected", "draining", "drained", "upgrading", "rebooting", "validating", "resumed", "failed",
           "skipped", "current")
-# the states a host ends in: resumed (upgraded, validated, back in service), failed (left drained), skipped (not
-# started: busy past --wait-jobs, drained by someone else, down), current (already on the target stack)
+# the states a host ends in: resumed (upgraded, validated, back in service), failed (left drained; a rerun tries
+# it again), current (already on the target stack). A skipped host (busy past --wait-jobs, drained by someone else,
+# down) is not done: a rerun takes it up again.
 FINAL = ("resumed", "failed", "current")
 PREFIX = "rollout-journal-"
 

@@ -50,6 +50,12 @@ class NodeState:
         prefix = REASON_PREFIX + (f" {run_id}:" if run_id else "")
         return self.reason.startswith(prefix)
 
+    def failed_rollout(self) -> bool:
+        """Whether a rollout left it drained after a failure (`gpuprov rollout <id>: failed ...`): another rollout
+        of the host (a rollback of it alone) may take it over."""
+        head, _, rest = self.reason.partition(": ")
+        return self.drained and head.startswith(REASON_PREFIX + " ") and rest.startswith("failed ")
+
     def to_dict(self) -> dict:
         return {"node": self.node, "drained": self.drained, "down": self.down, "reason": self.reason,
                 "state": self.state}

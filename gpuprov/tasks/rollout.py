@@ -92,8 +92,17 @@ def _status(c, host, group, all_, inventory, to_lock, update_lock, drain) -> int
 
 
 def _drain_of(hosts: list) -> str:
-    kinds = {(h.vars.get("scheduler") or {}).get("kind") or "none" for h in hosts}
-    return kinds.pop() if len(kinds) == 1 else "none"
+    """The hosts' scheduler.kind (none where no host names one); InputError when they name different ones."""
+    from gpuprov.core.errors import InputError
+
+    kinds: dict[str, list[str]] = {}
+    for host in hosts:
+        kinds.setdefault((host.vars.get("scheduler") or {}).get("kind") or "none", []).append(host.name)
+    if len(kinds) > 1:
+        raise InputError("the selected hosts drain through different schedulers: " + "; ".join(
+            f"{kind}: {', '.join(names)}" for kind, names in sorted(kinds.items())), step="rollout",
+                         hint="roll out one scheduler's hosts at a time (--group), or say which with --drain")
+    return next(iter(kinds), "none")
 
 
 def _count(flag: str, value) -> int:

@@ -102,39 +102,74 @@ def first(journal: dict, node: str, state: str) -> str:
     return next(item["at"] for item in journal["hosts"][node]["history"] if item["state"] == state)
 
 
-def wait_for(check, timeout: float, what: str):
+def wait_for(check, timeout: float, what: str, every: float = 1.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = check()
         if found:
             return found
-        time.sleep(1)
+        time.sleep(every)
     raise AssertionError(f"{what} within {timeout} s")
 
 
 def test_a_busy_fleet_moves_to_a_new_branch_without_killing_a_job(fleet):
+    """Each busy host's job ends (by itself, exit 0) only once the rollout is seen waiting for it: no wall time
+    decides what the test sees."""
     state, env, folder, branches = fleet
     new, old = branches[0], branches[1]
     assert {branch_of(state, n) for n in NODES} == {old}
-    short = slurm.submit_job(state, NODES[2], 75)     # busy hosts: the one whose job ends sooner goes first
-    long = slurm.submit_job(state, NODES[3], 150)
-    wait_for(lambda: slurm.job_state(state, long) == "RUNNING", 30, "the jobs run")
-    report = rollout(env, "--group", "gpu", "--update-lock", "--batch", "1", "--max-unavailable", "50%",
-                     "--checks", CHECKS)
+    sooner = slurm.submit_job(state, NODES[2], 600, release=True)   # busy hosts: the sooner free goes first
+    later = slurm.submit_job(state, NODES[3], 1200, release=True)
+    wait_for(lambda: slurm.job_state(state, later) == "RUNNING", 30, "the jobs run")
+    args = ["--group", "gpu", "--update-lock", "--batch", "1", "--max-unavailable", "50%", "--checks", CHECKS]
+    errors = folder / "busy-rollout.stderr"
+    with errors.open("w") as stderr:
+        run = subprocess.Popen([sys.executable, "-m", "invoke", "rollout", *args, "--json"], cwd=REPO_ROOT,
+                               env={**os.environ, **env}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=stderr, text=True)
+        try:
+            for node, job in ((NODES[2], sooner), (NODES[3], later)):
+                wait_for(lambda node=node, job=job: waiting(folder, node, job), 600, f"{node} waiting for job {job}")
+                assert slurm.node_state(state, node)[0] == "draining", "drained while its job runs"
+                slurm.release_job(state, node, job)
+            out, _ = run.communicate(timeout=900)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait()
+    assert run.returncode == 0, out[-3000:] + errors.read_text()[-3000:]
+    report = json.loads(out)
     journal = journal_of(folder, report)
     assert [by_host(report)[n]["state"] for n in NODES] == ["resumed"] * 4
     drained = [first(journal, n, "draining") for n in NODES]
     assert drained == sorted(drained), "idle hosts first, then the busy ones by the time their jobs have left"
-    for node, job in ((NODES[2], short), (NODES[3], long)):
-        assert any(item["detail"].startswith(f"waits for job {job} (root, ") for item in
-                   journal["hosts"][node]["history"]), f"{node} was drained while job {job} ran"
-        assert slurm.job_state(state, job) == "COMPLETED"
+    assert [slurm.job_state(state, job) for job in (sooner, later)] == ["COMPLETED"] * 2
     assert states(journal, NODES[0]) == ["draining", "drained", "upgrading", "rebooting", "validating", "resumed"]
     assert {branch_of(state, n) for n in NODES} == {new} and lock_branch(folder) == new
     assert [slurm.node_state(state, n) for n in NODES] == [("idle", "")] * 4
     assert len(list((folder / "locks" / "history").glob("gpu.*.lock.yaml"))) == 1, "the old lock kept"
     metric = on_host(state, NODES[0], "cat /var/lib/prometheus/node-exporter/gpuprov_rollout.prom")
     assert f'gpuprov_rollout_state{{run="{report["run_id"]}",state="resumed"}} 1' in metric.splitlines()
+
+
+def second_host_validating(journals: Path) -> Path | None:
+    """The rollback's journal once its first host is resumed and its second is validating."""
+    for path in journals.glob("rollout-journal-*.json"):
+        data = json.loads(path.read_text())
+        if data["arguments"]["to_lock"] == "previous":
+            hosts = data["hosts"]
+            if hosts[NODES[0]]["state"] == "resumed" and hosts[NODES[1]]["state"] == "validating":
+                return path
+    return None
+
+
+def waiting(folder: Path, node: str, job: int) -> bool:
+    """Whether a rollout's journal shows `node` draining while it waits for `job`."""
+    for path in (folder / "reports").glob("rollout-journal-*.json"):
+        entry = json.loads(path.read_text())["hosts"].get(node) or {}
+        if entry.get("state") == "draining" and entry.get("detail", "").startswith(f"waits for job {job} (root, "):
+            return True
+    return False
 
 
 def test_an_interrupted_rollback_resumes_and_upgrades_no_host_twice(fleet):
@@ -146,20 +181,13 @@ def test_an_interrupted_rollback_resumes_and_upgrades_no_host_twice(fleet):
     killed = subprocess.Popen(command, cwd=REPO_ROOT, env={**os.environ, **env}, stdin=subprocess.DEVNULL,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     journals = folder / "reports"
-
-    def second_host_validating():
-        for path in journals.glob("rollout-journal-*.json"):
-            data = json.loads(path.read_text())
-            if data["arguments"]["to_lock"] == "previous":
-                hosts = data["hosts"]
-                if hosts[NODES[0]]["state"] == "resumed" and hosts[NODES[1]]["state"] == "validating":
-                    return path
-        return None
-
-    path = wait_for(second_host_validating, 400, "the second host validating")
-    os.killpg(killed.pid, signal.SIGKILL)      # the controller dies mid-batch, the host drained and upgraded
-    killed.wait()
+    try:
+        path = wait_for(lambda: second_host_validating(journals), 400, "the second host validating", every=0.2)
+    finally:
+        os.killpg(killed.pid, signal.SIGKILL)      # the controller dies mid-batch, the host drained and upgraded
+        killed.wait()
     dpkg_lines = {n: int(on_host(state, n, "wc -l < /var/log/dpkg.log")) for n in NODES}
+
     interrupted = json.loads(path.read_text())
     assert interrupted["status"] == "running"
     assert slurm.node_state(state, NODES[1])[0] == "drained"

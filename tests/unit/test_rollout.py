@@ -195,7 +195,6 @@ def test_a_host_on_the_target_stack_is_never_drained(tmp_path, steps):
     ("upgrading", ["plan", "never", "if-needed"]),    # drained earlier: not drained again, upgrade finished
     ("rebooting", ["plan", "if-needed"]),             # the upgrade applied: only the reboot pass
     ("validating", ["plan"]),
-    ("failed", ["plan", "never", "if-needed"]),        # tried again, still drained: from the upgrade on
 ])
 def test_a_rerun_resumes_each_host_from_its_journal_state(tmp_path, steps, state, provision):
     steps.upgrade = [provision_run(0, reboot="not needed"), provision_run(0)] if state != "upgrading" else \
@@ -422,3 +421,127 @@ def test_the_plan_pass_leaves_the_lock_to_be_moved_by_the_upgrade(tmp_path, monk
     assert [o.dry_run for o in seen] == [True, False, False] and all(o.update_lock for o in seen)
     assert seen[0].moved_locks is not job.moved_locks
     assert seen[1].moved_locks is job.moved_locks and seen[2].moved_locks is job.moved_locks
+
+
+def test_a_failed_host_is_tried_again_from_its_drain_waiting_for_its_jobs(tmp_path, steps):
+    """A failure while draining (the controller unreachable) may leave jobs on the node: they are waited for."""
+    running = [Job("1234", "alice", "train", 600)]
+    scheduler = FakeScheduler(job_polls={"gpu07": [running, []]})
+    job = make_job(tmp_path, scheduler, state="failed")
+    scheduler.states["gpu07"] = NodeState("gpu07", drained=True,
+                                          reason=f"gpuprov rollout {job.journal.run_id}: failed draining: x")
+    record = job.run_host(SimpleNamespace(host=GPU), lambda what: None)
+    assert record.state == "resumed"
+    assert history(job)[1:] == ["draining", "draining", "drained", "upgrading", "rebooting", "validating",
+                                "resumed"]
+
+
+def test_a_node_resumed_by_someone_since_the_last_run_is_drained_again_before_its_upgrade(tmp_path, steps):
+    running = [Job("77", "bob", "eval", 300)]
+    scheduler = FakeScheduler(job_polls={"gpu07": [running, []]})     # the node took a job meanwhile
+    job = make_job(tmp_path, scheduler, state="drained")
+    record = job.run_host(SimpleNamespace(host=GPU), lambda what: None)
+    assert record.state == "resumed"
+    assert [c[0] for c in scheduler.calls] == ["drain", "resume"]
+    assert history(job)[1:3] == ["draining", "draining"] and "waits for job 77 (bob, 5 min left)" in \
+        load(job.journal.path).hosts["gpu07"]["history"][2]["detail"]
+
+
+def test_a_host_another_rollout_left_failed_can_be_rolled_back_alone(tmp_path, steps):
+    scheduler = FakeScheduler(states={"gpu07": NodeState("gpu07", drained=True,
+                                                         reason="gpuprov rollout deadbeef-1: failed validating: x")})
+    job = make_job(tmp_path, scheduler)
+    record = job.run_host(SimpleNamespace(host=GPU), lambda what: None)
+    assert record.state == "resumed"
+    assert scheduler.calls[0][0] == "drain"
+    assert scheduler.calls[0][2].startswith(f"gpuprov rollout {job.journal.run_id}:")
+
+
+def test_a_dry_run_asks_the_scheduler_nothing_that_changes_it(tmp_path, steps):
+    scheduler = FakeScheduler()
+    job = make_job(tmp_path, scheduler, state="resumed")
+    job.dry_run = True
+    scheduler.states["gpu07"] = NodeState("gpu07", drained=True, reason=f"gpuprov rollout {job.journal.run_id}: x")
+    job.run_host(SimpleNamespace(host=GPU), lambda what: None)
+    assert scheduler.calls == []
+
+
+def test_ctrl_c_stops_the_wait_for_jobs_and_lifts_the_drain(tmp_path, steps):
+    running = [Job("1234", "alice", "train", 600)]
+    scheduler = FakeScheduler(job_polls={"gpu07": [running]})
+    job = make_job(tmp_path, scheduler)
+    job.hooks(None).interrupted()
+    record = job.run_host(SimpleNamespace(host=GPU), lambda what: None)
+    assert record.state == "skipped" and record.reason.startswith("interrupted (Ctrl-C) while jobs still run: job 1234")
+    assert [c[0] for c in scheduler.calls] == ["drain", "resume"]
+    assert load(job.journal.path).data["status"] == "interrupted"
+
+
+def test_ctrl_c_stops_a_host_between_steps_leaving_it_drained(tmp_path, steps, monkeypatch):
+    scheduler = FakeScheduler()
+    job = make_job(tmp_path, scheduler)
+    real = RolloutJob._move
+
+    def move(self, conn, record, state, detail, **fields):
+        real(self, conn, record, state, detail, **fields)
+        if state == "upgrading":
+            self.stopping.set()              # Ctrl-C while the upgrade runs: it finishes its step
+
+    monkeypatch.setattr(RolloutJob, "_move", move)
+    with pytest.raises(GpuprovError, match="interrupted"):
+        job.run_host(SimpleNamespace(host=GPU), lambda what: None)
+    assert steps.provision == ["plan", "never"] and scheduler.states["gpu07"].drained
+
+
+def test_the_budget_counts_this_runs_failed_hosts_left_drained(tmp_path):
+    journal = open_journal(tmp_path, {"hosts": ["a", "b"]}, ["a", "b"])
+    journal.transition("a", "failed", "validating: x")
+    scheduler = FakeScheduler(states={"a": NodeState("a", drained=True,
+                                                     reason=f"gpuprov rollout {journal.run_id}: failed x")})
+    hosts = [Host(name=n, address="192.0.2.1") for n in ("a", "b")]
+    job = RolloutJob(RolloutOptions(), journal, scheduler, tmp_path, Budget(limit=1, shown="50% (1 host)"), hosts)
+    with pytest.raises(GpuprovError, match="a \\(failed in this rollout, left drained\\)"):
+        job._before_batch(2, [hosts[1]])
+
+
+def test_preparing_writes_nothing(tmp_path, monkeypatch):
+    prepared(tmp_path, monkeypatch, FakeScheduler(), ["gpu01", "gpu02"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_second_rollout_on_a_host_in_use_stops_before_anything(tmp_path):
+    from gpuprov.rollout.plan import _hosts_taken
+
+    with _hosts_taken(tmp_path, ["gpu01", "gpu02"], dry_run=False), \
+            pytest.raises(GpuprovError, match="another rollout runs on gpu02"), \
+            _hosts_taken(tmp_path, ["gpu02", "gpu03"], dry_run=False):
+        pass
+    with _hosts_taken(tmp_path, ["gpu02"], dry_run=False):     # released at the end of the first
+        pass
+
+
+def test_hosts_of_different_schedulers_are_refused_unless_drain_says_which():
+    from gpuprov.tasks.rollout import _drain_of
+
+    hosts = [Host(name="a", address="192.0.2.1", vars={"scheduler": {"kind": "slurm"}}),
+             Host(name="b", address="192.0.2.2")]
+    with pytest.raises(InputError, match="different schedulers: none: b; slurm: a"):
+        _drain_of(hosts)
+    assert _drain_of(hosts[1:]) == "none"
+
+
+def test_a_host_rolled_back_alone_gets_a_lock_of_its_own(tmp_path):
+    from gpuprov.rollout.plan import _targets
+
+    locks = tmp_path / "locks"
+    (locks / "history").mkdir(parents=True)
+    group = [Host(name=n, address="192.0.2.1", groups=["gpu"]) for n in ("gpu01", "gpu02")]
+    (locks / "gpu.lock.yaml").write_text("x")
+    (locks / "history" / "gpu.20261201T000000Z.lock.yaml").write_text("x")
+    inventory = SimpleNamespace(hosts={h.name: h for h in group})
+    journal = open_journal(tmp_path, {"hosts": ["gpu02"]}, ["gpu02"], dry_run=True)
+    journal.data["target_lock"] = str(locks / "history" / "gpu.20261201T000000Z.lock.yaml")
+    assert _targets(inventory, group[1:], locks, "previous", journal) == [
+        (locks / "gpu02.lock.yaml", locks / "history" / "gpu.20261201T000000Z.lock.yaml")]
+    assert _targets(inventory, group, locks, "previous", journal) == [
+        (locks / "gpu.lock.yaml", locks / "history" / "gpu.20261201T000000Z.lock.yaml")]
