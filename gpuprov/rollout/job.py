@@ -218,7 +218,9 @@ class RolloutJob(HostJob):
                          + "; drain lifted, rerun the rollout later")
         self.journal.transition(conn.host.name, "skipped", record.reason, jobs=record.jobs)
         if not before.drained or before.drained_by(self.journal.run_id) or before.failed_rollout():
-            self.scheduler.resume(conn.host)
+            problem = self._resume(conn.host)
+            if problem:
+                record.notices.append(problem)
         _write_metric(conn, self.journal, record.state)
         return False
 
@@ -283,6 +285,11 @@ class RolloutJob(HostJob):
         node = self.scheduler.nodes([host])[host.name]
         if not (node.drained and node.drained_by(self.journal.run_id)):
             return None
+        return self._resume(host)
+
+    def _resume(self, host) -> str | None:
+        """Lift this run's drain and wait until the scheduler has the node back in service; what is wrong if
+        it is not back within RESUME_WAIT_S."""
         self.scheduler.resume(host)
         deadline = time.monotonic() + RESUME_WAIT_S
         node = self.scheduler.nodes([host])[host.name]

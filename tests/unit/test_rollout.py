@@ -545,3 +545,29 @@ def test_a_host_rolled_back_alone_gets_a_lock_of_its_own(tmp_path):
         (locks / "gpu02.lock.yaml", locks / "history" / "gpu.20261201T000000Z.lock.yaml")]
     assert _targets(inventory, group, locks, "previous", journal) == [
         (locks / "gpu.lock.yaml", locks / "history" / "gpu.20261201T000000Z.lock.yaml")]
+
+
+def test_a_lifted_drain_is_waited_for_until_the_node_answers(tmp_path, steps):
+    """Slurm shows a node whose drain was just lifted as not responding for a moment: the skip returns only once
+    the node is back, so the next batch (and the operator) see it in service."""
+    running = [Job("1234", "alice", "train", 600)]
+
+    class Slow(FakeScheduler):
+        answers = 0
+
+        def resume(self, host):
+            super().resume(host)
+            self.states[host.name] = NodeState(host.name, down=True, state="mixed+not_responding")
+
+        def nodes(self, hosts):
+            if self.states.get("gpu07", NodeState("gpu07")).down:
+                self.answers += 1
+                if self.answers > 2:
+                    self.states["gpu07"] = NodeState("gpu07", state="mixed")
+            return super().nodes(hosts)
+
+    scheduler = Slow(job_polls={"gpu07": [running]})
+    job = make_job(tmp_path, scheduler, wait_s=0.01)
+    record = job.run_host(SimpleNamespace(host=GPU), lambda what: None)
+    assert record.state == "skipped" and record.notices == []
+    assert scheduler.nodes([GPU])["gpu07"].state == "mixed" and scheduler.answers == 3
