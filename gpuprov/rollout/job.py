@@ -217,7 +217,9 @@ class RolloutJob(HostJob):
         record.reason = (f"{why} while jobs still run: " + ", ".join(job.describe() for job in jobs)
                          + "; drain lifted, rerun the rollout later")
         self.journal.transition(conn.host.name, "skipped", record.reason, jobs=record.jobs)
-        if not before.drained or before.drained_by(self.journal.run_id) or before.failed_rollout():
+        # back to how the rollout found it: in service, or drained by this run before its upgrade; a host left
+        # drained after a failure (this run's or another's) stays drained
+        if not before.drained or (before.drained_by(self.journal.run_id) and not before.failed_rollout()):
             problem = self._resume(conn.host)
             if problem:
                 record.notices.append(problem)

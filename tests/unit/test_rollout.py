@@ -571,3 +571,14 @@ def test_a_lifted_drain_is_waited_for_until_the_node_answers(tmp_path, steps):
     record = job.run_host(SimpleNamespace(host=GPU), lambda what: None)
     assert record.state == "skipped" and record.notices == []
     assert scheduler.nodes([GPU])["gpu07"].state == "mixed" and scheduler.answers == 3
+
+
+def test_a_failed_host_whose_jobs_outlive_the_wait_stays_drained(tmp_path, steps):
+    running = [Job("1234", "alice", "train", 600)]
+    scheduler = FakeScheduler(job_polls={"gpu07": [running]},
+                              states={"gpu07": NodeState("gpu07", drained=True,
+                                                         reason="gpuprov rollout deadbeef-1: failed validating: x")})
+    job = make_job(tmp_path, scheduler, wait_s=0.01)
+    record = job.run_host(SimpleNamespace(host=GPU), lambda what: None)
+    assert record.state == "skipped" and [c[0] for c in scheduler.calls] == ["drain"]
+    assert scheduler.states["gpu07"].drained
