@@ -3,7 +3,8 @@
 A capability adds a `HostJob`: the variables it reads, the facts it needs, how it plans, what it refuses, how it
 applies (the batched apply by default), how it verifies, its table row. `run_fleet` does the rest for every job
 alike: the executor over the selected hosts (in batches when asked), per-host progress, Ctrl-C (the report is still
-written, exit 130), the entry of a host whose work raised, the JSON report, the tables and the exit code.
+written, exit 130), the entry of a host whose work raised, the JSON report (with the run's `shard`: which of a
+sharded run's shards it is, null when unsharded), the tables and the exit code.
 """
 
 from __future__ import annotations
@@ -177,6 +178,7 @@ class Fleet:
     new_reports: bool = False          # the reports folder was created for this run (said once, on stderr)
     quiet: bool = False                # --json: no progress, one JSON document on stdout
     on_event: Callable[[Any, str], None] = field(default=lambda host, event: None)
+    shard: dict | None = None          # --shard K/N: gpuprov.core.shards.shard_record, the report's `shard`
 
     def run(self, hosts: list, work: Callable, hooks=None) -> list:
         """`work(conn)` on `hosts` with the run's settings (batches and `hooks` included): the executor's outcomes.
@@ -240,7 +242,7 @@ def run_fleet(fleet: Fleet, job: HostJob) -> int:
             extra = job.finish(fleet, records, entries)
         except KeyboardInterrupt:   # Ctrl-C in a follow-up run: the report still has what completed
             interrupted = True
-    payload = {**job.report_fields(), "interrupted": interrupted, **extra, "hosts": entries}
+    payload = {**job.report_fields(), "interrupted": interrupted, "shard": fleet.shard, **extra, "hosts": entries}
     if stopped is not None:
         payload["stopped"] = stopped.to_dict()
     report = write_json_report(fleet.reports, job.kind, payload)

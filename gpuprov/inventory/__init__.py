@@ -15,6 +15,7 @@ The modules, one job each:
     schema       each declared variable checked where it is written, by its kind; undeclared ones are data
     hardening    what the hardening variables must agree on once merged (a service open to a network variable)
     merge        group cycles, precedence, each host's merged settings and variables, jump checks
+    slurm        a native inventory's `slurm:` source: nodes, partitions, gres, features and states from sinfo
 
 The file is read only when it is a regular file (checked on the opened file: a pipe or /dev/zero is refused, not
 read). Size guards, each checked before what it protects is read: the file's size (MAX_BYTES, before reading it),
@@ -23,6 +24,8 @@ the nesting depth (located.MAX_DEPTH, on the parser's events before any tree is 
 
 A file is read as INI when its name ends in `.ini` or its first line that is not blank or a comment is a
 section header (`[gpus]`); as Ansible YAML when its top level has `all:`; else as the native format.
+A native file with a `slurm:` source is read twice: alone first (every error in it is told before any host is
+contacted), then, with Slurm's nodes from its controller (sinfo --json), merged below the file's own levels.
 Paths (known_hosts, identity_file, mirror key_file and ca_file) expand `~`; relative paths are relative to
 the inventory's folder; identity_file and ca_file must be regular files, and ca_file and key_file (copied to
 hosts) hold no private key. Every problem found is collected,
@@ -41,18 +44,30 @@ from gpuprov.inventory.ansible import read_ansible
 from gpuprov.inventory.checks import NotRegular, read_regular
 from gpuprov.inventory.diagnostics import FILE_KEY, InventoryError, problem_line, type_name
 from gpuprov.inventory.ini import looks_like_ini, read_ini
+from gpuprov.inventory.levels import Levels
 from gpuprov.inventory.located import Located, YamlTextError, compose, decode
 from gpuprov.inventory.merge import build_inventory
 from gpuprov.inventory.model import Group, Host, Inventory, is_valid_address, parse_jump
 from gpuprov.inventory.native import read_native
+from gpuprov.inventory.slurm import (
+    NodeReader,
+    SlurmSource,
+    add_to_levels,
+    check_controller,
+    from_controller,
+    no_hosts_problem,
+    read_source,
+)
 
 __all__ = ["Group", "Host", "Inventory", "InventoryError", "is_valid_address", "load_inventory", "parse_jump"]
 
 MAX_BYTES = 32 * 1024 * 1024
 
 
-def load_inventory(path: str | Path) -> Inventory:
-    """Load and validate an inventory file; InputError if it is missing, InventoryError if it is bad."""
+def load_inventory(path: str | Path, slurm: NodeReader | None = None) -> Inventory:
+    """Load and validate an inventory file; InputError if it is missing, InventoryError if it is bad. A native file
+    with a `slurm:` source gets Slurm's nodes too, read by `slurm` (by default sinfo --json on its controller,
+    gpuprov.inventory.slurm.from_controller; a GpuprovError naming the controller when that fails)."""
     path = Path(path)
     if "\0" in str(path):
         raise InputError(f"inventory {literal(repr(str(path)))}: a path cannot hold a NUL character", step="inventory",
@@ -74,11 +89,12 @@ def load_inventory(path: str | Path) -> Inventory:
         raise InputError(f"cannot read inventory {literal(str(path))}: {exc.strerror}", step="inventory",
                          hint="check the file's permissions") from None
     with _collector_paused():
-        return read_inventory(path, data)
+        return read_inventory(path, data, slurm)
 
 
-def read_inventory(path: Path, data: bytes) -> Inventory:
-    """The Inventory in `data`, the bytes of the file at `path`; InventoryError with every problem found."""
+def read_inventory(path: Path, data: bytes, slurm: NodeReader | None = None) -> Inventory:
+    """The Inventory in `data`, the bytes of the file at `path`; InventoryError with every problem found. `slurm`:
+    as load_inventory's."""
     base = path.parent.absolute()
     try:
         text = decode(data)
@@ -92,7 +108,26 @@ def read_inventory(path: Path, data: bytes) -> Inventory:
     if "all" in document:
         levels = read_ansible(doc, document, "no hosts: add hosts: under all: or one of its children")
         return build_inventory(doc, levels, "ansible", base)
-    return build_inventory(doc, read_native(doc, document, base), "native", base)
+    source = read_source(doc, document)
+    levels = read_native(doc, document, base)
+    if source is None:
+        return build_inventory(doc, levels, "native", base)
+    return _with_slurm(path, text, doc, levels, source, slurm or from_controller)
+
+
+def _with_slurm(path: Path, text: str, doc: Located, levels: Levels, source: SlurmSource,
+                slurm: NodeReader) -> Inventory:
+    """The file's inventory merged over Slurm's nodes. The file alone is checked first (its errors are told before
+    any controller is asked) and gives the controller's settings; then it is read again with Slurm's levels below."""
+    base = path.parent.absolute()
+    check_controller(doc, source, levels.hosts)
+    nodes = slurm(source, build_inventory(doc, levels, "native", base))
+    doc = Located(path, aliases="*" in text)
+    levels = read_native(doc, _yaml_document(doc, text), base)
+    below = add_to_levels(doc, levels, source, nodes)
+    if not levels.hosts:
+        doc.error(("slurm",), no_hosts_problem(source, nodes), at_key=True)
+    return build_inventory(doc, levels, "native+slurm", base, below)
 
 
 def _yaml_document(doc: Located, text: str) -> dict:

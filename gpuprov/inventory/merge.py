@@ -1,9 +1,10 @@
 """From levels to an Inventory: check settings and variables where written, then groups, merge every host,
 check jump hosts.
 
-Precedence, lowest first: defaults, then the host's groups, then the host. The groups apply in the order the
-host lists them, each one preceded by its ancestors (parents before children, a group applies once), so a
-later group wins over an earlier one and a child always wins over its parents. Settings and variables merge
+Precedence, lowest first: what Slurm says of the host (an inventory with a `slurm:` source, gpuprov.inventory.slurm),
+the defaults, then the host's groups, then the host. The groups apply in the order the host lists them, each one
+preceded by its ancestors (parents before children, a group applies once), so a later group wins over an earlier
+one and a child always wins over its parents. Settings and variables merge
 by top-level key: a level that sets `stack` replaces the whole `stack` mapping.
 
 Jump hosts: gpuprov connects through one jump host, so a jump host that has a jump host of its own (a chain)
@@ -23,16 +24,19 @@ from gpuprov.inventory.schema import VariableSchema
 from gpuprov.inventory.settings import SettingChecks
 
 
-def build_inventory(doc: Located, levels: Levels, fmt: str, base: Path) -> Inventory:
-    """The validated Inventory; InventoryError with every problem found (in `doc` too) otherwise."""
+def build_inventory(doc: Located, levels: Levels, fmt: str, base: Path,
+                    below: dict[str, Level] | None = None) -> Inventory:
+    """The validated Inventory; InventoryError with every problem found (in `doc` too) otherwise. `below`: a level
+    per host that merges below the defaults (what Slurm says of it, gpuprov.inventory.slurm)."""
+    below = below or {}
     settings, schema = SettingChecks(doc, base, levels.hosts), VariableSchema(doc, base)
-    for level in [levels.defaults, *levels.groups.values(), *levels.hosts.values()]:
+    for level in [*below.values(), levels.defaults, *levels.groups.values(), *levels.hosts.values()]:
         level.settings = settings.check(level)
         checked = {key: (schema.check(key, value, path), path) for key, (value, path) in level.vars.items()}
         level.vars = {key: pair for key, pair in checked.items() if pair[0] is not INVALID}
     _refuse_tags(doc, levels.dropped)
     parents = _check_groups(doc, levels.groups)
-    merger = _Merger(doc, levels, parents)
+    merger = _Merger(doc, levels, parents, below)
     hosts = {name: merger.host(name, level) for name, level in levels.hosts.items()}
     _check_jumps(doc, levels, hosts)
     if doc.errors:
@@ -95,10 +99,10 @@ def _check_groups(doc: Located, groups: dict[str, Level]) -> dict[str, list[str]
 
 
 class _Merger:
-    """Merges each host's levels: defaults, its groups (ancestors first), the host."""
+    """Merges each host's levels: Slurm's (when below has one), defaults, its groups (ancestors first), the host."""
 
-    def __init__(self, doc: Located, levels: Levels, parents: dict[str, list[str]]):
-        self.doc, self.levels, self.parents = doc, levels, parents
+    def __init__(self, doc: Located, levels: Levels, parents: dict[str, list[str]], below: dict[str, Level]):
+        self.doc, self.levels, self.parents, self.below = doc, levels, parents, below
         self.orders: dict[tuple[str, ...], list[str]] = {}
 
     def host(self, name: str, level: Level) -> Host:
@@ -114,7 +118,8 @@ class _Merger:
         variables: dict = {}
         var_paths: dict = {}
         sources: dict = {}
-        for lvl in [self.levels.defaults, *(self.levels.groups[g] for g in order), level]:
+        first = [self.below[name]] if name in self.below else []
+        for lvl in [*first, self.levels.defaults, *(self.levels.groups[g] for g in order), level]:
             for key, (value, _) in lvl.settings.items():
                 settings[key] = value
                 setting_sources[key] = lvl.source

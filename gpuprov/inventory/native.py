@@ -4,6 +4,9 @@
     defaults: {port, user, identity_file, jump, sudo, address, vars}
     groups:   {NAME: {vars, children: [NAME, ...], port, user, identity_file, jump, sudo}}
     hosts:    {NAME: {address, port, user, identity_file, jump, sudo, groups: [NAME, ...], vars}}
+    slurm:    {controller: HOST or local, partitions: [NAME, ...]}   (gpuprov.inventory.slurm reads it)
+
+With `slurm:` the file may list no hosts (or only the controller): Slurm's nodes are its hosts.
 """
 
 from __future__ import annotations
@@ -24,14 +27,15 @@ from gpuprov.inventory.levels import (
 from gpuprov.inventory.located import Located
 from gpuprov.inventory.settings import SETTING_KEYS, local_path
 
-TOP_KEYS = ("hosts", "groups", "defaults", "known_hosts")
+TOP_KEYS = ("hosts", "groups", "defaults", "known_hosts", "slurm")
 HOST_KEYS = (*SETTING_KEYS, "groups", "vars")
 DEFAULT_KEYS = (*SETTING_KEYS, "vars")
 GROUP_KEYS = ("vars", "children", "port", "user", "identity_file", "jump", "sudo")
 
 
 def read_native(doc: Located, data: dict, base: Path) -> Levels:
-    """The levels of a native inventory document; shape errors are recorded in `doc`."""
+    """The levels of a native inventory document (its `slurm:` block is read by gpuprov.inventory.slurm); shape
+    errors are recorded in `doc`."""
     known_keys(doc, data, (), TOP_KEYS, "top-level")
     levels = Levels(defaults=_level(doc, "defaults", data.get("defaults"), ("defaults",), DEFAULT_KEYS, "defaults"))
     if "known_hosts" in data:
@@ -41,7 +45,7 @@ def read_native(doc: Located, data: dict, base: Path) -> Levels:
         if group_name_ok(doc, name, ("groups", name)):
             levels.groups[name] = _level(doc, f"group:{name}", body, ("groups", name), GROUP_KEYS, "group")
     hosts = as_mapping(doc, data.get("hosts"), ("hosts",), "hosts")
-    if hosts is not None and not hosts:
+    if hosts is not None and not hosts and "slurm" not in data:
         doc.error(("hosts",) if "hosts" in data else (), "no hosts: add a hosts: mapping of host names")
     for name, body in (hosts or {}).items():
         if host_name_ok(doc, name, ("hosts", name)):

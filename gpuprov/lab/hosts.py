@@ -153,6 +153,11 @@ def _host_files(profile: Profile, host_key: bytes, host_pub: str) -> io.BytesIO:
              ("etc/ssh/ssh_host_ed25519_key.pub", (host_pub + "\n").encode(), 0o644),
              ("etc/gpuprov-lab/profile", (profile.name + "\n").encode(), 0o644),
              ("etc/gpuprov-lab/devices.json", json.dumps(profile.devices, indent=1).encode(), 0o644)]
+    return tar_files(files)
+
+
+def tar_files(files: list[tuple[str, bytes, int]]) -> io.BytesIO:
+    """A tar (for put_archive) of (path, content, mode) entries."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for name, data, mode in files:

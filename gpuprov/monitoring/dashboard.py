@@ -170,6 +170,24 @@ def _rows() -> list[tuple[str, list[Sized]]]:
                         description="Hosts a rollout has drained: waiting for jobs, upgrading, rebooting, "
                                     "validating, or failed and left drained"),
         ]),
+        ("Health", [
+            _table("Health faults per host", [f"gpuprov_health_fault{{{HOST}}} == 1"],
+                   ["host", "code", "gpu", "action", "severity"],
+                   description="The faults of each host's last passive health check (gpuprov-health): fault code, "
+                               "GPU and repair action"),
+            _timeseries("Nodes drained by the health check", [
+                (f"count(gpuprov_health_drained{{{HOST}}} == 1) or vector(0)", "drained by gpuprov"),
+                (f"count(gpuprov_health_held_back{{{HOST}}} == 1) or vector(0)", "drains held back"),
+            ], description="Nodes gpuprov-health has drained in Slurm, and failing nodes the circuit breaker did "
+                           "not drain (past the partition's share: a human decides)"),
+            _timeseries("Faults by code", [(f"count by (code) (gpuprov_health_fault{{{HOST}}} == 1)", "{{code}}")],
+                        width=8, description="How many GPUs (or hosts) show each fault code"),
+            _timeseries("Failing the health check", [(f"gpuprov_health_ok{{{HOST}}} == 0", "{{host}}")], width=8,
+                        description="Hosts whose last check found a fatal fault"),
+            _timeseries("Health check age", [
+                (f"time() - gpuprov_health_last_run_timestamp_seconds{{{HOST}}}", "{{host}}")], unit="s", width=8,
+                        description="Seconds since each host's last check (Slurm's HealthCheckInterval apart)"),
+        ]),
         ("Idle cost", [
             _timeseries("Idle GPU share per host", [(IDLE_SHARE, "{{host}}")], unit="percentunit",
                         description=f"Share of the host's GPUs under {IDLE_PCT} % for {IDLE_WINDOW}"),

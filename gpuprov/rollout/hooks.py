@@ -35,9 +35,10 @@ import subprocess
 from collections.abc import Callable
 
 from gpuprov.core.busy import running_work
+from gpuprov.core.controller import checked_node, node_name
 from gpuprov.core.errors import GpuprovError, InputError, literal
-from gpuprov.rollout.scheduler import Job, NodeState, node_name
-from gpuprov.rollout.slurm import checked_node, checked_reason
+from gpuprov.rollout.scheduler import Job, NodeState
+from gpuprov.rollout.slurm import checked_reason
 
 REQUIRED = ("cordon", "busy", "uncordon", "state")   # state: what tells gpuprov's cordon from an admin's
 DEFAULT_TIMEOUT_S = 120

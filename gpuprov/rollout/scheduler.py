@@ -88,12 +88,6 @@ class Scheduler(Protocol):
         ...
 
 
-def node_name(host) -> str:
-    """The host's node name in the scheduler: `scheduler.node`, else the host's name."""
-    settings = host.vars.get("scheduler") or {}
-    return str(settings.get("node") or host.name)
-
-
 def left_text(seconds: int | None) -> str:
     """`3 h 10 min left`, `45 s left`, `no time limit`."""
     if seconds is None:

@@ -17,9 +17,9 @@ import re
 import shlex
 from collections.abc import Callable
 
+from gpuprov.core.controller import NODE_NAME, checked_node
 from gpuprov.core.errors import GpuprovError, InputError, literal
-from gpuprov.rollout.scheduler import REASON_PREFIX, Job, NodeState, node_name
-from gpuprov.rollout.variables import NODE_NAME
+from gpuprov.rollout.scheduler import REASON_PREFIX, Job, NodeState
 
 # run(argv, admin) on the Slurm controller -> (exit code, stdout, stderr)
 Runner = Callable[[list[str], bool], tuple[int, str, str]]
@@ -60,16 +60,6 @@ def time_left(text: str) -> int | None:
         raise ValueError(f"not a time left: {text!r}")
     days, hours, minutes, seconds = (int(part or 0) for part in match.groups())
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
-
-
-def checked_node(host, step: str) -> str:
-    """The host's node name, refused unless it is a plain name (see NODE_NAME)."""
-    node = node_name(host)
-    if not NODE_NAME.fullmatch(node):
-        raise InputError(f"scheduler node name {literal(node)!r} is not a plain node name: give letters, digits, "
-                         "'.', '_' and '-', starting with a letter or digit (no range, no list)",
-                         host=host.name, step=step, hint="set scheduler.node to the node's name in the scheduler")
-    return node
 
 
 def checked_reason(host, reason: str, step: str) -> str:

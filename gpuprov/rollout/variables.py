@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import re
 
+from gpuprov.core.controller import NODE_NAME
 from gpuprov.inventory.variables import Spec, declare
 
 SCHEDULER_KINDS = ("slurm", "hook", "none")
-# a Slurm NodeName or a Kubernetes node name: letters, digits and . _ - (no spaces, no shell characters)
-NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 # a hook command: one line of printable text (split into words, never given to a shell)
 COMMAND = re.compile(r"[^\x00-\x1f\x7f]{1,4096}")
 

@@ -9,7 +9,20 @@ from gpuprov.core.config import DEFAULTS
 
 def namespace() -> Collection:
     """The root collection: host tasks at the top, tool groups as sub-collections."""
-    from gpuprov.tasks import facts, harden, images, inventory, lab, monitoring, provision, rollout, stack, validate
+    from gpuprov.tasks import (
+        facts,
+        harden,
+        health,
+        images,
+        inventory,
+        lab,
+        monitoring,
+        provision,
+        reports,
+        rollout,
+        stack,
+        validate,
+    )
 
     ns = Collection()
     ns.add_task(facts.facts)
@@ -20,10 +33,12 @@ def namespace() -> Collection:
     ns.add_collection(checks)
     ns.add_task(harden.harden)
     ns.add_task(rollout.rollout)
+    ns.add_collection(Collection.from_module(health, name="health"))
     ns.add_collection(Collection.from_module(images, name="images"))
     ns.add_collection(Collection.from_module(inventory, name="inventory"))
     ns.add_collection(Collection.from_module(lab, name="lab"))
     ns.add_collection(Collection.from_module(monitoring, name="monitoring"))
+    ns.add_collection(Collection.from_module(reports, name="reports"))
     ns.add_collection(Collection.from_module(stack, name="stack"))
     ns.configure({"gpuprov": DEFAULTS})
     return ns

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import difflib
 import functools
+import inspect
 import sys
 from collections.abc import Callable
+from contextvars import ContextVar
 
 from invoke import task
 from invoke.exceptions import Exit
@@ -75,12 +77,53 @@ def exits_cleanly(fn: Callable) -> Callable:
 
 def host_task(help: dict[str, str] | None = None, **options) -> Callable[[Callable], object]:
     """@task for a task that touches hosts: the shared options' help (HOST_HELP) plus the task's own,
-    repeatable --host/--group, and exit codes from errors (exits_cleanly); `options` go to @task."""
+    repeatable --host/--group, --shard K/N (sharded), and exit codes from errors (exits_cleanly); `options` go to
+    @task."""
 
     def decorate(fn: Callable):
-        return task(iterable=["host", "group"], help={**HOST_HELP, **(help or {})}, **options)(exits_cleanly(fn))
+        return task(iterable=["host", "group"], help={**HOST_HELP, "shard": SHARD_HELP, **(help or {})},
+                    **options)(exits_cleanly(sharded(fn)))
 
     return decorate
+
+
+# -- --shard K/N: every host task takes it (host_task); select_hosts keeps the shard's hosts ----------------------
+SHARD_HELP = ("work on the K-th of N shards of the selected hosts (1/4 ... 4/4): the names sorted, dealt "
+              "round-robin; each shard runs anywhere, invoke reports.merge joins their validate reports")
+_SHARD: ContextVar = ContextVar("gpuprov_shard", default=None)
+
+
+def sharded(fn: Callable) -> Callable:
+    """`fn` with a `shard=None` keyword (--shard K/N), checked before the task runs (InputError naming --shard)
+    and applied by select_hosts to the task's selection."""
+    from gpuprov.core.shards import parse_shard
+
+    @functools.wraps(fn)
+    def wrapper(c, *args, shard=None, **kwargs):
+        token = _SHARD.set(parse_shard(shard))
+        try:
+            return fn(c, *args, **kwargs)
+        finally:
+            _SHARD.reset(token)
+
+    signature = inspect.signature(fn)
+    wrapper.__signature__ = signature.replace(parameters=[
+        *signature.parameters.values(), inspect.Parameter("shard", inspect.Parameter.KEYWORD_ONLY, default=None)])
+    return wrapper
+
+
+def current_shard():
+    """The running task's --shard K/N (gpuprov.core.shards.Shard), None without it."""
+    return _SHARD.get()
+
+
+def warn_budget(hosts: int, parallel: int) -> None:
+    """The controller's budget for `hosts` hosts, `parallel` at once (shards.budget_notices), as warnings on stderr
+    before any host is contacted."""
+    from gpuprov.core.shards import budget_notices
+
+    for notice in budget_notices(hosts, parallel):
+        print(f"warning: {notice}", file=sys.stderr)
 
 
 def split_names(values: list[str] | None, flag: str) -> list[str]:
@@ -98,9 +141,18 @@ def split_names(values: list[str] | None, flag: str) -> list[str]:
 
 def select_hosts(c, host: list[str] | None, group: list[str] | None, all_: bool, inventory: str | None, *,
                  connects: bool = True):
-    """Load the inventory and pick the hosts named by --host/--group, or every host with --all (alone).
+    """Load the inventory and pick the hosts named by --host/--group, or every host with --all (alone), then the
+    shard's with --shard K/N (gpuprov.core.shards.shard_hosts).
     Returns (inventory, hosts); InputError (exit 2) for a conflict, an unknown name, an empty selection or, when
     the task `connects` to them, a sudo password variable that is not set (check_sudo_passwords)."""
+    inv, chosen, _shard = select_shard(c, host, group, all_, inventory, connects=connects)
+    return inv, chosen
+
+
+def select_shard(c, host: list[str] | None, group: list[str] | None, all_: bool, inventory: str | None, *,
+                 connects: bool = True):
+    """select_hosts, and the report's `shard` record (gpuprov.core.shards.shard_record: K, N, the selection's size
+    and digest) with --shard K/N, None without: (inventory, hosts, shard)."""
     from gpuprov.inventory import load_inventory
 
     hosts, groups = split_names(host, "--host"), split_names(group, "--group")
@@ -111,9 +163,16 @@ def select_hosts(c, host: list[str] | None, group: list[str] | None, all_: bool,
         raise InputError("--inventory needs the path of an inventory file, not ''", step="select hosts")
     inv = load_inventory(inventory or path_setting(c, "inventory"))
     chosen = inv.select(hosts=hosts, groups=groups, all_=all_)
+    shard, record = _SHARD.get(), None
+    if shard is not None:   # --shard K/N
+        from gpuprov.core.shards import shard_hosts, shard_record
+
+        record = shard_record(shard, chosen)
+        chosen = shard_hosts(chosen, shard)
+        print(f"shard {shard}: {len(chosen)} of the {record['selected']} hosts selected", file=sys.stderr)
     if connects:
         check_sudo_passwords(chosen)
-    return inv, chosen
+    return inv, chosen, record
 
 
 def check_sudo_passwords(hosts) -> None:
@@ -227,20 +286,23 @@ def run_settings(c, inv, *, trust_new_hosts: bool = False, parallel: str | int |
 def open_fleet(c, host, group, all_: bool, inventory, *, parallel=None, trust_new_hosts: bool = False,
                max_fail=None, serial=None, batch_window=None, max_fail_percentage=None, json_: bool = False,
                kind: str | None = None):
-    """The fleet a host job runs on: the selected hosts, the executor's settings (batches too), the reports folder
-    (checked, created when missing; `<kind>-latest.json` writable) and the progress printer (quiet with --json)."""
+    """The fleet a host job runs on: the selected hosts (the shard's with --shard K/N, recorded for the report), the
+    executor's settings (batches too), the reports folder (checked, created when missing; `<kind>-latest.json`
+    writable) and the progress printer (quiet with --json). A warning on stderr, before any host is contacted, when
+    the controller's memory or open files look short for the run (shards.budget_notices)."""
     from gpuprov.core.report import check_folder, progress_printer
     from gpuprov.core.runtime import Fleet
 
-    inv, hosts = select_hosts(c, host, group, all_, inventory)
+    inv, hosts, shard = select_shard(c, host, group, all_, inventory)
     settings = run_settings(c, inv, trust_new_hosts=trust_new_hosts, parallel=parallel, max_fail=max_fail,
                             serial=serial, batch_window=batch_window, max_fail_percentage=max_fail_percentage)
+    warn_budget(len(hosts), settings.parallel)
     reports = path_setting(c, "reports")
     new_reports = check_folder("gpuprov.reports", reports, write=True)
     if kind is not None:
         check_output_files("gpuprov.reports", [reports / f"{kind}-latest.json"])
     return Fleet(inv, hosts, settings, reports, new_reports=new_reports, quiet=json_,
-                 on_event=progress_printer(quiet=json_))
+                 on_event=progress_printer(quiet=json_), shard=shard)
 
 
 def finish(code: int) -> None:
@@ -251,15 +313,17 @@ def finish(code: int) -> None:
 
 def gather_outcomes(c, inv, hosts, *, trust_new_hosts: bool = False, parallel: str | int | None = None,
                     quiet: bool = False) -> list:
-    """Facts of every host, in parallel, with per-host progress: one executor Outcome per host."""
+    """Facts of every host, in parallel, with per-host progress (after the controller's budget check,
+    warn_budget): one executor Outcome per host."""
     from gpuprov.core.executor import run_on_hosts
     from gpuprov.core.report import progress_printer
     from gpuprov.facts.gather import gather
     from gpuprov.provision.ops import MANAGED_FILES
 
-    return run_on_hosts(hosts, lambda conn: gather(conn, MANAGED_FILES),
-                        run_settings(c, inv, trust_new_hosts=trust_new_hosts, parallel=parallel),
-                        jump_of=inv.jump_host, on_event=progress_printer(quiet=quiet))
+    settings = run_settings(c, inv, trust_new_hosts=trust_new_hosts, parallel=parallel)
+    warn_budget(len(hosts), settings.parallel)
+    return run_on_hosts(hosts, lambda conn: gather(conn, MANAGED_FILES), settings, jump_of=inv.jump_host,
+                        on_event=progress_printer(quiet=quiet))
 
 
 def gather_all(c, inv, hosts, *, trust_new_hosts: bool = False, parallel: str | int | None = None,

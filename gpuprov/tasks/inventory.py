@@ -1,4 +1,5 @@
-"""`invoke inventory.check` and `invoke inventory.show`: validate an inventory, show one host."""
+"""`invoke inventory.check` and `invoke inventory.show`: validate an inventory, show one host. An inventory with a
+`slurm:` source is read whole, Slurm's nodes included (sinfo --json on its controller, once the file is valid)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def _inventory_path(c, inventory: str | None):
 @task(help={"inventory": HOST_HELP["inventory"]})
 @exits_cleanly
 def check(c, inventory=None):
-    """Validate an inventory: print every error as FILE:LINE:COL: key: message (exit 2 on any)."""
+    """Validate an inventory: print every error as FILE:LINE:COL: key: message (exit 2 on any); with a slurm:
+    source, then read Slurm's nodes on its controller (exit 1, naming it, when it cannot be read)."""
     from gpuprov.inventory import InventoryError, load_inventory
 
     path = _inventory_path(c, inventory)

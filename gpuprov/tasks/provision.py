@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from invoke import task
-
 from gpuprov.tasks._common import (
     BATCH_HELP,
     HOST_HELP,
-    exits_cleanly,
+    current_shard,
     finish,
+    host_task,
     only_components,
     open_fleet,
 )
@@ -23,7 +22,7 @@ RUN_HELP = {
 }
 
 
-@task(iterable=["host", "group"], help={
+@host_task(help={
     **RUN_HELP,
     **BATCH_HELP,
     "dry_run": "show the plan and change nothing",
@@ -36,7 +35,6 @@ RUN_HELP = {
     "update_lock": "move the lock file to the newly resolved stack",
     "json": "print the run report as JSON on stdout",
 })
-@exits_cleanly
 def provision(c, host=None, group=None, all=False, inventory=None, dry_run=False, parallel=None, max_fail=None,
               reboot="if-needed", only=None, skip_preflight=False, update_lock=False, trust_new_hosts=False,
               disrupt=False, json_=False, serial=None, batch_window=None, max_fail_percentage=None):
@@ -50,6 +48,11 @@ def provision(c, host=None, group=None, all=False, inventory=None, dry_run=False
 
     if reboot not in REBOOT_POLICIES:
         raise InputError(f"--reboot must be one of {', '.join(REBOOT_POLICIES)}, got {reboot!r}")
+    if update_lock and current_shard() is not None:
+        raise InputError(f"--update-lock with --shard {current_shard()}: a group's lock is resolved from all of its "
+                         "hosts, and shards would each move it from part of them", step="provision",
+                         hint="move the lock once (invoke stack.lock, or provision --update-lock without --shard), "
+                              "then provision the shards against it")
     components = only_components(only)
     fleet = open_fleet(c, host, group, all, inventory, parallel=parallel, trust_new_hosts=trust_new_hosts,
                        max_fail=max_fail, serial=serial, batch_window=batch_window,
@@ -62,9 +65,8 @@ def provision(c, host=None, group=None, all=False, inventory=None, dry_run=False
     finish(run_fleet(fleet, ProvisionJob(options, fleet.inventory.path.parent)))
 
 
-@task(iterable=["host", "group"], help={**{k: v for k, v in RUN_HELP.items() if k != "max_fail"},
-                                        "json": "print the run report as JSON on stdout"})
-@exits_cleanly
+@host_task(help={**{k: v for k, v in RUN_HELP.items() if k != "max_fail"},
+                 "json": "print the run report as JSON on stdout"})
 def preflight(c, host=None, group=None, all=False, inventory=None, parallel=None, trust_new_hosts=False,
               json_=False):
     """Read-only checks that must pass before provisioning (Secure Boot, nouveau, headers, locks, disk, sources)."""

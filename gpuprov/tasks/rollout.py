@@ -6,6 +6,7 @@ import re
 
 from invoke import task
 
+from gpuprov.core.errors import literal
 from gpuprov.tasks._common import HOST_HELP, exits_cleanly, finish, open_fleet
 
 DRAINS = ("slurm", "hook", "none")
@@ -31,16 +32,26 @@ _UNITS = {None: 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
     "dry_run": "show what would happen to each host (and the budget) and change nothing",
     "status": "print where each host of the rollout is and why it waits, from its journal; change nothing",
     "json": "print the run report as JSON on stdout",
+    "shard": "refused: a rollout is not split into shards (its --max-unavailable, canary and batches are budgets "
+             "over the whole selection); roll out from one controller",
 })
 @exits_cleanly
 def rollout(c, host=None, group=None, all=False, inventory=None, to_lock=None, update_lock=False, batch="1",
             max_unavailable="25%", canary="1", drain=None, wait_jobs="1h", validate="quick", checks=None,
-            max_fail="1", dry_run=False, status=False, json_=False, trust_new_hosts=False, parallel=None):
+            max_fail="1", dry_run=False, status=False, json_=False, trust_new_hosts=False, parallel=None,
+            shard=None):
     """Drain, upgrade, reboot, validate and resume hosts in budgeted batches; rerun the same command to resume."""
     from gpuprov.core.batches import parse_size
     from gpuprov.core.config import path_setting
     from gpuprov.core.errors import InputError
 
+    if shard is not None:
+        raise InputError(f"--shard {literal(str(shard))}: a rollout is not split into shards: --max-unavailable, "
+                         "the canary and the batches are budgets over the whole selection, and shards running at "
+                         "once would each spend all of it (N shards, up to N times the hosts out of service) and "
+                         "drain hosts through the scheduler without seeing each other's batches", step="rollout",
+                         hint="roll out from one controller (it works on --parallel hosts at once, within the "
+                              "budget); --shard splits validate, provision and preflight runs")
     if status:
         finish(_status(c, host, group, all, inventory, to_lock, update_lock, drain))
         return

@@ -13,6 +13,7 @@ from gpuprov.core.errors import InputError, literal
 from gpuprov.core.json_text import dump_json
 from gpuprov.tasks._common import (
     check_output_files,
+    current_shard,
     exits_cleanly,
     gather_all,
     host_task,
@@ -154,7 +155,8 @@ def matrix(c, component=None):
 @host_task(help={"os": "OS key of the hosts (default: gathered from the hosts over SSH)",
                  "image": "record this image's digest in the lock (an image id or a spec name, pushed to --registry "
                           "from this machine); repeat or give a comma list",
-                 "registry": "the registry the --image images were pushed to"})
+                 "registry": "the registry the --image images were pushed to",
+                 "shard": "refused: a group's lock is resolved from all of its hosts, not a shard of them"})
 def lock(c, host=None, group=None, all=False, inventory=None, os=None, parallel=None, trust_new_hosts=False,
          image=None, registry=None):
     """Write lock files resolved from inventory vars (hardware/stack): one per --group, --host, or host (--all).
@@ -169,6 +171,12 @@ def lock(c, host=None, group=None, all=False, inventory=None, os=None, parallel=
     from gpuprov.stack.lock import lock_history, write_lock
     from gpuprov.stack.resolve import check_os, resolve_for_host
 
+    if current_shard() is not None:
+        raise InputError(f"--shard {current_shard()}: stack.lock is not split into shards: a group's lock is "
+                         "resolved from all of its hosts (they must resolve to one stack), and shards would each "
+                         "write it from part of them", step="stack.lock",
+                         hint="lock from one controller; --os locks from the inventory alone, without contacting "
+                              "the hosts")
     parallel_setting(c, parallel)
     inv, hosts = select_hosts(c, host, group, all, inventory, connects=os is None)
     targets = _lock_targets(inv, hosts, split_names(group, "--group"), split_names(host, "--host"), all)

@@ -6,7 +6,16 @@ from __future__ import annotations
 
 from invoke import task
 
-from gpuprov.tasks._common import check_output_files, exits_cleanly, finish, host_task, open_fleet, split_names
+from gpuprov.tasks._common import (
+    check_output_files,
+    current_shard,
+    exits_cleanly,
+    finish,
+    host_task,
+    open_fleet,
+    split_names,
+)
+from gpuprov.validation.slurm_jobs import DEFAULT_NICE, DEFAULT_START_DEADLINE
 
 
 @host_task(help={
@@ -15,19 +24,28 @@ from gpuprov.tasks._common import check_output_files, exits_cleanly, finish, hos
     "strict": "a skipped or warning check fails",
     "image": "run the suite in this container image (docker run --gpus all) instead of the host's venv",
     "multi_node": "also all-reduce across the selected hosts with torchrun (c10d rendezvous at the first host's "
-                  "cluster_address)",
+                  "cluster_address); with --via slurm in one Slurm allocation, launched with srun",
     "only": "comma list of checks to run (e.g. host.ecc,perf.matmul)",
     "json": "print the run report as JSON on stdout",
     "textfile": "place the Prometheus textfile on each host (default; --no-textfile leaves hosts alone)",
     "dry_run": "say what the environment step would do on each host (build the venv, install torch.compile's "
                "compiler, with the command); change nothing, run no suite",
+    "via": "ssh (default: the suite runs over SSH) or slurm (as an exclusive Slurm job on each host's node, "
+           "submitted on scheduler.controller: a busy node is validated once it frees up)",
+    "partition": "--via slurm: the partition the validation jobs are submitted to",
+    "qos": "--via slurm: the QOS of the validation jobs (e.g. a preemptible one)",
+    "nice": f"--via slurm: the jobs' nice (default {DEFAULT_NICE}: behind work submitted at the default 0; 0 for "
+            "none)",
+    "start_deadline": f"--via slurm: a job still pending after this long (default {DEFAULT_START_DEADLINE}) is "
+                      "cancelled and its host fails with Slurm's pending reason",
 })
 def validate(c, host=None, group=None, all=False, inventory=None, parallel=None, trust_new_hosts=False,
              level="quick", strict=False, image=None, multi_node=False, only=None, json_=False, textfile=True,
-             dry_run=False):
+             dry_run=False, via="ssh", partition=None, qos=None, nice=None, start_deadline=None):
     """Run the training and inference smoke suite on hosts, judged against datasheets and the fleet.
 
-    Host health, training, inference, sizing, software and performance checks; exit 1 when any check failed."""
+    Host health, training, inference, sizing, software and performance checks; exit 1 when any check failed.
+    With --via slurm each host's suite is a Slurm job on its node; Ctrl-C cancels the jobs pending or running."""
     from gpuprov.core.config import path_setting
     from gpuprov.core.errors import InputError
     from gpuprov.core.report import check_folder
@@ -41,6 +59,11 @@ def validate(c, host=None, group=None, all=False, inventory=None, parallel=None,
     if image is not None and not IMAGE_PATTERN.fullmatch(image):
         raise InputError(f"--image must be an image reference like repo/name:tag, not {image!r}", step="validate")
     checks = _checks(level, only)
+    slurm = _slurm_options(via, partition, qos, nice, start_deadline, multi_node, dry_run, image)
+    if multi_node and current_shard() is not None:
+        raise InputError("--multi-node with --shard: one all-reduce needs every host of the run in it, and a shard "
+                         "has only its part (reports.merge refuses such reports)", step="validate",
+                         hint="run --multi-node once over the whole selection, without --shard")
     fleet = open_fleet(c, host, group, all, inventory, parallel=parallel, trust_new_hosts=trust_new_hosts,
                        json_=json_, kind="validate")
     if multi_node and len(fleet.hosts) < 2:
@@ -53,8 +76,39 @@ def validate(c, host=None, group=None, all=False, inventory=None, parallel=None,
     check_folder("gpuprov.wheelhouse", wheels, write=True)
     locks_for(fleet.hosts, locks)  # a corrupt lock is bad input: found before any host is contacted
     job = ValidateJob(RunOptions(level=level, strict=strict, image=image, only=checks, locks_dir=locks,
-                                 wheelhouse=wheels, dry_run=dry_run, multi_node=multi_node, textfile=textfile))
+                                 wheelhouse=wheels, dry_run=dry_run, multi_node=multi_node, textfile=textfile,
+                                 slurm=slurm))
+    if slurm is not None:
+        from gpuprov.core.controller import controller_name, controller_runner
+
+        name = controller_name(fleet.hosts, "--via slurm", "validate",
+                               "set scheduler.controller to the inventory host that runs sbatch (slurmctld's host)")
+        job.controller = controller_runner(fleet, name), name
     finish(_dry_run(fleet, job) if dry_run else run_fleet(fleet, job))
+
+
+def _slurm_options(via, partition, qos, nice, start_deadline, multi_node: bool, dry_run: bool, image):
+    """--via and its flags checked (InputError, exit 2, before any host): SlurmOptions for --via slurm, else None
+    (a Slurm flag without --via slurm is refused)."""
+    from gpuprov.core.errors import InputError
+    from gpuprov.validation.slurm_jobs import slurm_options
+
+    if via not in ("ssh", "slurm"):
+        raise InputError(f"--via must be ssh or slurm, not {via!r}", step="validate")
+    given = [flag for flag, value in (("--partition", partition), ("--qos", qos), ("--nice", nice),
+                                      ("--start-deadline", start_deadline)) if value is not None]
+    if via == "ssh":
+        if given:
+            raise InputError(f"{', '.join(given)} only with --via slurm", step="validate")
+        return None
+    if image is not None and multi_node:
+        raise InputError("--multi-node --via slurm runs the all-reduce in the host's venv: drop --image, or use "
+                         "--via ssh", step="validate")
+    if dry_run:
+        raise InputError("--dry-run with --via slurm: the dry run plans the environment over SSH; drop --via",
+                         step="validate")
+    return slurm_options(partition, qos, DEFAULT_NICE if nice is None else nice,
+                         DEFAULT_START_DEADLINE if start_deadline is None else start_deadline)
 
 
 def _dry_run(fleet, job) -> int:

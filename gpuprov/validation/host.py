@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 from gpuprov.core.errors import GpuprovError, InputError
 from gpuprov.core.runtime import HostJob, HostRecord, Say
 from gpuprov.validation import LAYOUT, Layout
+from gpuprov.validation.slurm_jobs import SlurmOptions
 
 TEXTFILE = "gpuprov_validate.prom"
 REPORT_OUTPUT = 65536   # characters of a stopped host's output its report entry keeps (the tail)
@@ -33,6 +35,7 @@ class RunOptions:
     dry_run: bool = False   # say what the environment step would do (gpuprov.validation.env.env_plan); change nothing
     multi_node: bool = False   # also all-reduce across the hosts (gpuprov.validation.multinode)
     textfile: bool = True      # place each host's Prometheus textfile in its node_exporter folder
+    slurm: SlurmOptions | None = None   # --via slurm: the suite runs as a Slurm job (gpuprov.validation.slurm_jobs)
 
 
 @dataclass
@@ -60,6 +63,7 @@ class ValidationRecord(HostRecord):
     textfile_dir: str = ""
     textfile: dict = field(default_factory=dict)
     input_error: bool = False    # its validation stopped on bad input (an InputError)
+    slurm: dict | None = None    # --via slurm: the job (id, final state, seconds it waited in the queue)
 
     @property
     def fleet_group(self) -> str | None:
@@ -84,7 +88,7 @@ class ValidationRecord(HostRecord):
             "config": self.config, "env": self.env, "suite_copied": self.suite_copied, "versions": self.versions,
             "results": self.results,
             "fleet": {"group": self.fleet_group, "figures": figures_of(self.results)} if self.results else None,
-            "textfile": self.textfile,
+            "textfile": self.textfile, **({"slurm": self.slurm} if self.slurm is not None else {}),
         }
 
     def to_dict(self) -> dict:
@@ -166,6 +170,14 @@ class ValidateJob(HostJob):
         self.started = time.time()
         self.multi_node: dict | None = None      # the all-reduce's summary, once finish ran it
         self.records: dict[str, ValidationRecord] = {}   # every host's record by name, failed hosts' too
+        self.controller = None   # --via slurm: (runner, controller name) that submits the jobs (set by the task)
+        self.stopping = threading.Event()   # set on Ctrl-C: --via slurm cancels its jobs
+
+    def hooks(self, fleet):
+        """--via slurm: the first Ctrl-C cancels the validation jobs pending or running (SlurmJob.wait)."""
+        from gpuprov.core.batches import BatchHooks
+
+        return BatchHooks(interrupted=self.stopping.set) if self.options.slurm is not None else None
 
     def new_record(self, host) -> ValidationRecord:
         """A host's record; the runtime also asks for one for a host that failed before its run began, and its
@@ -252,14 +264,44 @@ class ValidateJob(HostJob):
         write_config(remote, record.config, layout)
         say(f"suite ({options.level})")
         suite_started = time.monotonic()
-        document = run_suite(remote, suite_command(level=options.level, strict=options.strict,
-                                                   only=list(options.only) if options.only else None,
-                                                   image=options.image, layout=layout,
-                                                   ulimits=settings.image_ulimits), options.level,
-                             record.config.get("datasheet"), load_seconds(record.config))
+        command = suite_command(level=options.level, strict=options.strict,
+                                only=list(options.only) if options.only else None, image=options.image,
+                                layout=layout, ulimits=settings.image_ulimits)
+        if options.slurm is None:
+            document = run_suite(remote, command, options.level, record.config.get("datasheet"),
+                                 load_seconds(record.config))
+        else:
+            document = self._suite_job(remote, host, command, record, load_seconds(record.config))
         record.suite_seconds = round(time.monotonic() - suite_started, 3)
         record.versions = document.get("versions") or {}
         record.results = document["results"]
+
+    def _suite_job(self, remote, host, command: str, record: ValidationRecord, load_s: float) -> dict:
+        """--via slurm: the suite as an exclusive job on the host's node, submitted on the Slurm controller; its
+        output, read back from the node as root once the job left the queue, parsed as an SSH run's."""
+        from gpuprov.core.controller import checked_node
+        from gpuprov.validation.slurm_jobs import END_MARGIN_S, SlurmJob, sbatch_argv
+        from gpuprov.validation.suite import TIMEOUTS, parse_document
+
+        runner, where = self.controller
+        options, layout = self.options, self.options.layout
+        node = checked_node(host, "suite.slurm")
+        seconds = TIMEOUTS[options.level] + load_s
+        stem = f"{layout.run}/slurm-validate"
+        output, error = f"{stem}.out", f"{stem}.err"
+        q = shlex.quote
+        # root's files of the last job removed first: a job that never wrote them is not read as this one's
+        remote.run(f"rm -f {q(output)} {q(error)}", timeout=60, step="suite.slurm")
+        job = SlurmJob(runner, where, host.name, stop=self.stopping)
+        job_id = job.submit(sbatch_argv(node, command, output=output, error=error, seconds=seconds,
+                                        options=options.slurm, gpus=record.config["expect"]["count"] or 0))
+        record.slurm = {"job_id": job_id, "node": node, "controller": where}
+        outcome = job.wait(options.slurm.start_deadline_s, seconds + END_MARGIN_S, options.slurm.poll_s)
+        record.slurm.update(state=outcome.state, pending_s=outcome.pending_s)
+        out = remote.run(f"cat {q(output)} 2>/dev/null; true", timeout=120, step="suite.slurm").stdout
+        err = remote.run(f"cat {q(error)} 2>/dev/null; true", timeout=120, step="suite.slurm").stdout
+        return parse_document(host.name, out, err, 0 if outcome.state == "COMPLETED" else 1,
+                              f"validation job {job_id} ({outcome.state}): {command}", record.config.get("datasheet"))
 
     # -- the fleet's view ------------------------------------------------------------------------------------
     def failing(self, entry: dict) -> bool:
@@ -277,7 +319,7 @@ class ValidateJob(HostJob):
         runs = [record or self.records[entry["host"]] for record, entry in zip(records, entries, strict=True)]
         apply_fleet(runs, fleet.reports, self.options.strict)
         if self.options.multi_node:
-            self.multi_node = _multi_node(fleet, runs, self.options)
+            self.multi_node = _multi_node(fleet, runs, self.options, self.controller, self.stopping)
         finished = time.time()
         entries[:] = [run.to_dict() for run in runs]
         if self.options.textfile:
@@ -371,8 +413,9 @@ def apply_fleet(runs: list[ValidationRecord], reports_dir: Path, strict: bool, n
         run.results.extend(found.get(run.host, []))
 
 
-def _multi_node(fleet, runs: list[ValidationRecord], options: RunOptions) -> dict:
-    """The all-reduce across the fleet's hosts, its runs on the fleet's connections (every host at once); each
+def _multi_node(fleet, runs: list[ValidationRecord], options: RunOptions, controller=None, stop=None) -> dict:
+    """The all-reduce across the fleet's hosts, its runs on the fleet's connections (every host at once); with
+    --via slurm in one Slurm allocation through srun (`controller`: (runner, name); `stop`: set on Ctrl-C). Each
     host gets its multinode.allreduce result. Returns the summary."""
     from gpuprov.validation.multinode import nodes_for, run_multinode
     from gpuprov.validation.suite_config import validate_vars
@@ -381,14 +424,32 @@ def _multi_node(fleet, runs: list[ValidationRecord], options: RunOptions) -> dic
         return dataclasses.replace(fleet, settings=settings).run(hosts, work)
 
     nodes = nodes_for(runs, fleet.hosts, validate_vars)
-    outcome = run_multinode(nodes, fleet.hosts, fleet.settings, jump_of=fleet.inventory.jump_host,
-                            port=validate_vars(fleet.hosts[0]).rdzv_port, level=options.level, image=options.image,
-                            layout=options.layout, on_event=fleet.on_event, run_on_hosts=on_fleet)
+    if options.slurm is not None:
+        outcome = _srun(fleet, nodes, options, controller, stop)
+    else:
+            outcome = run_multinode(nodes, fleet.hosts, fleet.settings, jump_of=fleet.inventory.jump_host,
+                                port=validate_vars(fleet.hosts[0]).rdzv_port, level=options.level,
+                                image=options.image, layout=options.layout, on_event=fleet.on_event,
+                                run_on_hosts=on_fleet)
     for run in runs:
         item = outcome["results"].get(run.host)
         if item is not None:
             run.results.append(item)
     return outcome["summary"]
+
+
+def _srun(fleet, nodes: list, options: RunOptions, controller, stop) -> dict:
+    """--multi-node --via slurm: gpuprov.validation.srun on the hosts' Slurm nodes, every host at once."""
+    from gpuprov.core.controller import checked_node
+    from gpuprov.validation.srun import Member, run_srun
+    from gpuprov.validation.suite_config import validate_vars
+
+    settings = dataclasses.replace(fleet.settings, parallel=max(1, len(fleet.hosts)), max_fail=None)
+    everyone = dataclasses.replace(fleet, settings=settings)
+    members = [Member(checked_node(host, "multi-node"), node) for host, node in zip(fleet.hosts, nodes, strict=True)]
+    return run_srun(members, fleet.hosts, everyone.run, controller, options.slurm,
+                    port=validate_vars(fleet.hosts[0]).rdzv_port, level=options.level, stop=stop,
+                    layout=options.layout)
 
 
 def _publish(fleet, runs: list[ValidationRecord], entries: list[dict], finished: float) -> None:

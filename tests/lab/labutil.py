@@ -6,6 +6,9 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -77,3 +80,32 @@ def docker_networks(network: str) -> tuple[str, str]:
     internal = [r["dst"] for r in routes if r["dst"] in SUBNETS]
     assert len(gateways) == 1 and len(internal) == 1, f"{running[0].name}'s routes: {routes}"
     return gateways[0], internal[0]
+
+
+def wait_for(check, timeout: float, what: str, every: float = 1.0):
+    """Poll `check` every `every` seconds until it answers something true, which is returned; AssertionError naming
+    `what` and the last answer after `timeout` seconds (a deadline, never a measured time)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"{what} within {timeout} s (last: {last!r})")
+
+
+@contextmanager
+def slurm_fleet(profiles: list[str]) -> Iterator:
+    """A module's own fresh lab with `lab.up --slurm` (one GPU host per profile, then the controller); downed at the
+    end unless GPUPROV_KEEP_LAB=1."""
+    import gpuprov.lab
+    from gpuprov.lab.state import LabPaths
+
+    paths = LabPaths(ROOT)
+    state = gpuprov.lab.up(len(profiles), profiles, paths=paths, progress=print, fresh=True, slurm=True)
+    try:
+        yield state
+    finally:
+        if os.environ.get("GPUPROV_KEEP_LAB") != "1":
+            gpuprov.lab.down(paths=paths)

@@ -20,18 +20,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import REPO_ROOT
-from labutil import copy_inventory, invoke, on_host
+from labutil import copy_inventory, invoke, on_host, slurm_fleet, wait_for
 
-import gpuprov.lab
 from gpuprov.lab import slurm
 from gpuprov.lab.faults import injected
-from gpuprov.lab.state import LabPaths
 
 pytestmark = pytest.mark.lab
 
@@ -52,23 +49,20 @@ def fleet(tmp_path_factory):
     from gpuprov.lab.profiles import load_profiles
     from gpuprov.lab.standins import lab_stacks
 
-    paths = LabPaths(REPO_ROOT)
-    state = gpuprov.lab.up(len(NODES), ["l40s"] * len(NODES), paths=paths, progress=print, fresh=True, slurm=True)
-    folder = tmp_path_factory.mktemp("rollout")
-    env = {"INVOKE_GPUPROV_LOCKS": str(folder / "locks"), "INVOKE_GPUPROV_REPORTS": str(folder / "reports")}
-    branches = [s["driver"]["branch"] for s in lab_stacks([load_profiles()["l40s"]])]
-    old = branches[1]
+    with slurm_fleet(["l40s"] * len(NODES)) as state:
+        folder = tmp_path_factory.mktemp("rollout")
+        env = {"INVOKE_GPUPROV_LOCKS": str(folder / "locks"), "INVOKE_GPUPROV_REPORTS": str(folder / "reports")}
+        branches = [s["driver"]["branch"] for s in lab_stacks([load_profiles()["l40s"]])]
+        old = branches[1]
 
-    def pin(document):
-        for name in NODES:
-            document["hosts"][name].setdefault("vars", {})["stack"] = {"driver": old}
+        def pin(document):
+            for name in NODES:
+                document["hosts"][name].setdefault("vars", {})["stack"] = {"driver": old}
 
-    pinned = copy_inventory(state, folder, edit=pin)
-    invoke("stack.lock", "--group", "gpu", "--inventory", str(pinned), env=env)
-    invoke("provision", "--group", "gpu", env=env)
-    yield state, env, folder, branches
-    if os.environ.get("GPUPROV_KEEP_LAB") != "1":
-        gpuprov.lab.down(paths=paths)
+        pinned = copy_inventory(state, folder, edit=pin)
+        invoke("stack.lock", "--group", "gpu", "--inventory", str(pinned), env=env)
+        invoke("provision", "--group", "gpu", env=env)
+        yield state, env, folder, branches
 
 
 def rollout(env: dict, *args: str, check_code: int | None = 0) -> dict:
@@ -101,15 +95,6 @@ def states(journal: dict, node: str) -> list[str]:
 def first(journal: dict, node: str, state: str) -> str:
     return next(item["at"] for item in journal["hosts"][node]["history"] if item["state"] == state)
 
-
-def wait_for(check, timeout: float, what: str, every: float = 1.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(every)
-    raise AssertionError(f"{what} within {timeout} s")
 
 
 def test_a_busy_fleet_moves_to_a_new_branch_without_killing_a_job(fleet):

@@ -4,19 +4,16 @@ drained node that reboots comes back drained, with its reason."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 
 import pytest
 import yaml
-from conftest import REPO_ROOT
-from labutil import invoke, on_host
+from labutil import invoke, on_host, slurm_fleet, wait_for
 
 import gpuprov.lab
 from gpuprov.lab import slurm
 from gpuprov.lab.profiles import load_profiles
-from gpuprov.lab.state import LabPaths
 
 pytestmark = pytest.mark.lab
 
@@ -32,12 +29,9 @@ def bare_lab():
 
 @pytest.fixture(scope="module")
 def cluster():
-    paths = LabPaths(REPO_ROOT)
-    state = gpuprov.lab.up(len(GPU_PROFILES), GPU_PROFILES, paths=paths, progress=print, fresh=True, slurm=True)
-    print(f"lab.up --slurm (fresh hosts): {state.timings}")
-    yield state
-    if os.environ.get("GPUPROV_KEEP_LAB") != "1":
-        gpuprov.lab.down(paths=paths)
+    with slurm_fleet(GPU_PROFILES) as state:
+        print(f"lab.up --slurm (fresh hosts): {state.timings}")
+        yield state
 
 
 def ctl(cluster, command: str) -> str:
@@ -48,16 +42,6 @@ def node_line(cluster, node: str) -> str:
     """`NAME STATE|REASON` of a node, `*` after the state while it does not respond."""
     return ctl(cluster, f"sinfo -h -N -n {node} -o '%N %t|%E'").strip()
 
-
-def wait_for(check, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(1)
-    raise AssertionError(f"{what} within {timeout} s (last: {last!r})")
 
 
 def test_the_controller_has_no_gpus_and_the_inventory_names_the_cluster(cluster):

@@ -43,11 +43,12 @@ SCRIPTS = {"validation.env.PROBE": env.PROBE, "validation.env.STAGE": env.STAGE,
 
 def host_files() -> list[Path]:
     """The Python files that run on hosts and in images: the suite (copied to hosts and images), the all-reduce
-    worker, and the lab hosts' programs (the stand-ins written in Python, lspci)."""
+    worker, the passive health check (gpuprov-health), and the lab hosts' programs (the stand-ins written in
+    Python, lspci)."""
     standin_programs = sorted(p for p in standins.FILES.iterdir()
                               if p.is_file() and p.read_bytes().startswith(b"#!/usr/bin/python3"))
-    return [*sorted(SUITE.glob("*.py")), REPO / "gpuprov/validation/allreduce_worker.py", REPO / "gpuprov/lab/pci.py",
-            *standin_programs]
+    return [*sorted(SUITE.glob("*.py")), REPO / "gpuprov/validation/allreduce_worker.py",
+            REPO / "gpuprov/health/check.py", REPO / "gpuprov/lab/pci.py", *standin_programs]
 
 
 def _module_names(tree: ast.Module) -> dict[str, str]:
@@ -133,7 +134,8 @@ def script_files(folder: Path) -> list[Path]:
 def test_the_host_files_are_the_ones_gpuprov_ships():
     names = {p.relative_to(REPO).as_posix() for p in host_files()}
     assert {"gpuprov/smoke/runner.py", "gpuprov/smoke/ddp_worker.py", "gpuprov/validation/allreduce_worker.py",
-            "gpuprov/lab/files/standins/nvidia-smi", "gpuprov/lab/files/standins/dcgmi"} <= names
+            "gpuprov/health/check.py", "gpuprov/lab/files/standins/nvidia-smi",
+            "gpuprov/lab/files/standins/dcgmi"} <= names
     for text in SCRIPTS.values():
         ast.parse(text)
 

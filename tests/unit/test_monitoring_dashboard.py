@@ -34,6 +34,8 @@ CONTRACT_METRICS = {
     "gpuprov_check_ok", "gpuprov_matmul_tflops", "gpuprov_copy_gbps", "gpuprov_allreduce_busbw_gbps",
     "gpuprov_validate_timestamp_seconds", "gpuprov_check_status", "gpuprov_matmul_threshold_tflops",
     "gpuprov_copy_threshold_gbps", "gpuprov_rollout_state",
+    "gpuprov_health_ok", "gpuprov_health_fault", "gpuprov_health_drained", "gpuprov_health_held_back",
+    "gpuprov_health_last_run_timestamp_seconds",
     "node_textfile_mtime_seconds", "node_textfile_scrape_error", "up",
 }
 # what the dashboard must show (issue 12): health, throttling, errors, validation against thresholds, drift, cost

@@ -24,7 +24,7 @@ RULE_TESTS = PROJECT / "tests" / "promtool" / "gpuprov.rules.test.yml"
 ALERTS = {"GpuprovExporterDown", "GpuprovGpuMissing", "GpuprovXidError", "GpuprovEccUncorrectable",
           "GpuprovRowRemapPending", "GpuprovRowRemapFailure", "GpuprovThermalThrottle", "GpuprovPowerThrottle",
           "GpuprovDriverLibraryMismatch", "GpuprovRebootRequired", "GpuprovValidationFailed",
-          "GpuprovValidationStale", "GpuprovDriftStale", "GpuprovGpuIdle"}
+          "GpuprovValidationStale", "GpuprovDriftStale", "GpuprovGpuIdle", "GpuprovHealthDrainHeldBack"}
 PER_GPU = {"GpuprovXidError", "GpuprovEccUncorrectable", "GpuprovRowRemapPending", "GpuprovRowRemapFailure",
            "GpuprovThermalThrottle", "GpuprovPowerThrottle", "GpuprovGpuIdle"}
 
@@ -152,7 +152,7 @@ def test_without_install_or_root_a_missing_promtool_is_an_error_with_a_hint(fake
 def test_promtool_accepts_the_rules(promtool):
     done = promtool_run(promtool, "check", "rules", str(RULES))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 14 rules found" in done.stdout
+    assert "SUCCESS: 15 rules found" in done.stdout
 
 
 @pytest.mark.tool

@@ -100,7 +100,7 @@ def test_promtool_accepts_the_configuration(promtool, tmp_path):
     config = server_folder(tmp_path, POLICY.prometheus_listen, 15, JOBS["gpuprov-node"])
     done = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS" in done.stdout and "14 rules found" in done.stdout
+    assert "SUCCESS" in done.stdout and "15 rules found" in done.stdout
 
 
 # What a host's node_exporter serves: its own textfile series (host = its own name), a series that claims to be

@@ -1,0 +1,296 @@
+"""`invoke health.deploy`: the passive health check installed on each Slurm GPU node and wired into Slurm, as a host
+job on the fleet runtime (gpuprov.core.runtime).
+
+On every selected node, root-owned and only where it differs: the rendered program (/usr/local/sbin/gpuprov-health,
+0755), its Epilog wrapper (/usr/local/sbin/gpuprov-health-epilog, 0755), its settings (/etc/gpuprov/health.json:
+the GPU count and NVLink from the inventory's `hardware`, Slurm mode, the breaker's share, the textfile folder) and
+gpuprov's block in slurm.conf (HealthCheckProgram, HealthCheckInterval, HealthCheckNodeState, Epilog) between two
+marker lines. The controller named by the nodes' `scheduler.controller` gets the same block, and when any slurm.conf
+changed, `scontrol reconfigure` runs there after every host is done. The block is the same text everywhere, so
+every copy of slurm.conf stays identical where it was. A key of the block set outside it (an admin's Epilog) is
+refused, never overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from gpuprov.core.controller import controller_name
+from gpuprov.core.errors import GpuprovError, InputError, literal
+from gpuprov.core.runtime import HostJob, HostRecord, error_line
+
+PROGRAM = "/usr/local/sbin/gpuprov-health"
+EPILOG = "/usr/local/sbin/gpuprov-health-epilog"
+CONFIG = "/etc/gpuprov/health.json"
+SLURM_CONF = "/etc/slurm/slurm.conf"
+BEGIN = "# BEGIN gpuprov health (invoke health.deploy writes this block; edits inside it are replaced)"
+END = "# END gpuprov health"
+# the keys the block sets: set outside it too, Slurm would take one of the two (refused instead)
+BLOCK_KEYS = ("HealthCheckProgram", "HealthCheckInterval", "HealthCheckNodeState", "Epilog")
+NODE_STATE = "ANY,CYCLE"   # every node state, and spread over the interval (slurm.conf(5), 22.05)
+DEFAULT_INTERVAL_S = 300
+DEFAULT_MAX_DRAINED_PCT = 10.0
+MIN_PYTHON = (3, 9)
+_PATH = re.compile(r"/[A-Za-z0-9._/-]+")
+
+
+def render_block(interval: int, epilog: bool) -> str:
+    """gpuprov's lines of slurm.conf, between the markers."""
+    lines = [BEGIN, f"HealthCheckProgram={PROGRAM}", f"HealthCheckInterval={interval}",
+             f"HealthCheckNodeState={NODE_STATE}"]
+    if epilog:
+        lines.append(f"Epilog={EPILOG}")
+    return "\n".join([*lines, END]) + "\n"
+
+
+def _key(line: str) -> str:
+    """The first key of a slurm.conf line ('' for a comment or a blank), in lowercase (Slurm ignores case)."""
+    text = line.split("#", 1)[0].strip()
+    return text.split("=", 1)[0].strip().lower() if "=" in text else ""
+
+
+def merge_block(current: str, block: str, where: str) -> str:
+    """slurm.conf with gpuprov's block put in place of the old one (or appended). GpuprovError when the markers are
+    broken (one without the other, twice, in the wrong order) or when a key of the block is set outside it."""
+    lines = current.splitlines(keepends=True)
+    begins = [i for i, line in enumerate(lines) if line.rstrip("\n") == BEGIN]
+    ends = [i for i, line in enumerate(lines) if line.rstrip("\n") == END]
+    if len(begins) > 1 or len(ends) > 1 or len(begins) != len(ends) or (begins and begins[0] > ends[0]):
+        raise GpuprovError(f"{where}: gpuprov's marker lines are broken ({len(begins)} BEGIN, {len(ends)} END)",
+                           step="slurm.conf", hint=f"leave exactly one `{BEGIN}` line and one `{END}` line after it "
+                                                   "(or remove both), then run health.deploy again")
+    inside = range(begins[0], ends[0] + 1) if begins else range(0)
+    managed = {k.lower(): k for k in BLOCK_KEYS if k in block}
+    for number, line in enumerate(lines):
+        if number not in inside and _key(line) in managed:
+            raise GpuprovError(f"{where}:{number + 1}: {managed[_key(line)]} is set outside gpuprov's block: "
+                               f"{literal(line.strip())}", step="slurm.conf",
+                               hint="remove that line (or, for your own Epilog, run health.deploy --no-epilog and "
+                                    f"call {EPILOG} from your Epilog), then run health.deploy again")
+    if begins:
+        return "".join(lines[: begins[0]]) + block + "".join(lines[ends[0] + 1:])
+    separator = "" if not current or current.endswith("\n") else "\n"
+    return current + separator + block
+
+
+def parse_share(value: str | float | None) -> float:
+    """--max-drained: a share of a partition, `10%` or `10` (0 to 100); InputError otherwise."""
+    if value is None:
+        return DEFAULT_MAX_DRAINED_PCT
+    text = str(value).strip().removesuffix("%").strip()
+    try:
+        share = float(text)
+    except ValueError:
+        share = -1.0
+    if not 0 <= share <= 100 or text.lower() in ("nan", "inf"):
+        raise InputError(f"--max-drained {value!r}: expected a share of a partition from 0% to 100% (such as 10%)",
+                         step="health.deploy")
+    return share
+
+
+def check_path(flag: str, path: str) -> str:
+    """An absolute path of plain characters (it goes to a shell and into slurm.conf)."""
+    if not _PATH.fullmatch(path) or "/../" in f"{path}/":
+        raise InputError(f"{flag} {path!r}: expected an absolute path of letters, digits, '.', '_', '-' and '/'",
+                         step="health.deploy")
+    return path
+
+
+@dataclass(frozen=True)
+class Options:
+    interval: int = DEFAULT_INTERVAL_S
+    max_drained_pct: float = DEFAULT_MAX_DRAINED_PCT
+    epilog: bool = True
+    slurm_conf: str = SLURM_CONF
+
+
+@dataclass
+class HealthRecord(HostRecord):
+    """A host's deploy: its role (node or controller) and, on the controller, how `scontrol reconfigure` went."""
+
+    plan: list[dict] = field(default_factory=list)
+    role: str = "node"
+    reconfigure: str = ""
+
+    def details(self) -> dict:
+        return {"role": self.role, "reconfigure": self.reconfigure}
+
+
+def host_settings(host, textfile_dir: str, max_pct: float) -> dict:
+    """/etc/gpuprov/health.json for a node: expected_gpus from hardware.count, expect_nvlink from hardware.nvswitch
+    or an SXM model of the catalog with more than one GPU (a host whose links are all down looks like one without
+    NVLink, so it must be told)."""
+    from gpuprov import catalog
+
+    hardware = host.vars.get("hardware") or {}
+    settings: dict = {"slurm": True, "max_drained_pct": max_pct, "textfile_dir": textfile_dir}
+    count = hardware.get("count")
+    if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+        settings["expected_gpus"] = count
+    model = catalog.find(str(hardware.get("gpu") or ""))
+    sxm = model is not None and model.form_factor == "sxm" and (count or 0) > 1
+    settings["expect_nvlink"] = bool(hardware.get("nvswitch")) or sxm
+    return settings
+
+
+def textfile_dir(host) -> str:
+    """node_exporter's textfile folder, as monitoring and validate use it (validate.textfile_dir, else Debian's)."""
+    from gpuprov.monitoring.policy import TEXTFILE_DIR
+
+    return check_path("validate.textfile_dir", (host.vars.get("validate") or {}).get("textfile_dir") or TEXTFILE_DIR)
+
+
+def probe_command(folder: str) -> str:
+    """Prints `python3 X.Y` (or `python3 none`) and `textfile yes|no`."""
+    return ("v=$(python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])' 2>/dev/null || echo none); "
+            f"echo \"python3 $v\"; if [ -d {shlex.quote(folder)} ]; then echo 'textfile yes'; "
+            "else echo 'textfile no'; fi")
+
+
+class HealthDeployJob(HostJob):
+    """`invoke health.deploy` on the selected Slurm nodes and their controller."""
+
+    kind = "health-deploy"
+    task = "health.deploy"
+    columns = ("host", "role", "status", "changes", "detail")
+    variables = ("hardware", "scheduler", "validate")
+
+    def __init__(self, options: Options, controller: str, dry_run: bool = False):
+        super().__init__(dry_run)
+        self.options, self.controller = options, controller
+        self.block = render_block(options.interval, options.epilog)
+
+    def new_record(self, host) -> HealthRecord:
+        return HealthRecord(host.name, role="controller" if host.name == self.controller else "node")
+
+    def managed_files(self, host) -> tuple[str, ...]:
+        if host.name == self.controller:
+            return (self.options.slurm_conf,)
+        return (PROGRAM, EPILOG, CONFIG, self.options.slurm_conf)
+
+    def gather(self, conn, record: HealthRecord) -> dict:
+        facts = dict(super().gather(conn, record))
+        if record.role == "node":
+            folder = textfile_dir(conn.host)
+            probe = dict(line.split(" ", 1) for line in conn.run(probe_command(folder), timeout=60).stdout.splitlines()
+                         if " " in line)
+            facts["health_probe"] = probe
+        return facts
+
+    def plan(self, conn, record: HealthRecord) -> list:
+        from gpuprov.core.operations import Change, change_dict, managed_file
+        from gpuprov.health.codes import render_program
+
+        host, files = conn.host, record.facts_before.get("files") or {}
+        current = files.get(self.options.slurm_conf)
+        if current is None:
+            raise GpuprovError(f"{self.options.slurm_conf} is not there: {host.name} is no Slurm "
+                               f"{'controller' if record.role == 'controller' else 'node'} with its slurm.conf there",
+                               host=host.name, step="slurm.conf",
+                               hint="install Slurm first, or give --slurm-conf PATH where this cluster keeps it")
+        changes = []
+        if record.role == "node":
+            probe = record.facts_before["health_probe"]
+            version = probe.get("python3", "none")
+            if version == "none" or tuple(int(p) for p in version.split(".")) < MIN_PYTHON:
+                raise GpuprovError(f"gpuprov-health needs python3 {'.'.join(map(str, MIN_PYTHON))} or newer on "
+                                   f"{host.name}, found {version}", host=host.name, step="python3",
+                                   hint="install python3 (Debian: apt-get install python3-minimal)")
+            folder = textfile_dir(host)
+            settings = host_settings(host, folder, self.options.max_drained_pct)
+            if probe.get("textfile") != "yes":
+                changes.append(Change("health", f"create the textfile folder {folder}",
+                                      (f"mkdir -p -m 0755 {shlex.quote(folder)}",), affects=("files",)))
+            changes += [c for c in (
+                managed_file("health", PROGRAM, files.get(PROGRAM), render_program(), "the passive health check",
+                             mode="0755", owner="root:root"),
+                managed_file("health", EPILOG, files.get(EPILOG), f"#!/bin/sh\nexec {PROGRAM} --epilog\n",
+                             "Slurm's Epilog: the deeper check after a failed job", mode="0755", owner="root:root"),
+                managed_file("health", CONFIG, files.get(CONFIG), json.dumps(settings, indent=1, sort_keys=True)
+                             + "\n", "the health check's settings", owner="root:root"),
+            ) if c is not None]
+        merged = merge_block(current, self.block, f"{host.name}:{self.options.slurm_conf}")
+        change = managed_file("slurm.conf", self.options.slurm_conf, current, merged, "gpuprov's health block",
+                              owner="root:root")
+        if change is not None:
+            changes.append(change)
+        record.plan = [change_dict(c) for c in changes]
+        return changes
+
+    def finish(self, fleet, records: list, entries: list[dict]) -> dict:
+        """`scontrol reconfigure` on the controller when any slurm.conf changed (every host done first)."""
+        changed = [r.host for r in records if r is not None and r.status in ("changed", "planned")
+                   and any(step.get("component") == "slurm.conf" for step in r.plan)]
+        differing = self._copies_differ(records)
+        notices = [f"slurm.conf differs between {', '.join(differing)}: Slurm wants the same file everywhere"] \
+            if differing else []
+        if self.dry_run or not changed:
+            return {"reconfigure": "not needed" if not self.dry_run else "planned" if changed else "not needed",
+                    "notices": notices}
+        from gpuprov.core.controller import controller_runner
+
+        runner = controller_runner(fleet, self.controller)
+        try:
+            rc, out, err = runner(["scontrol", "reconfigure"], admin=True)
+            outcome = "done" if rc == 0 else f"failed: exit {rc}: {(err or out).strip()[:300]}"
+        except GpuprovError as exc:
+            outcome = f"failed: {exc}"
+        finally:
+            runner.close()
+        for entry in entries:
+            if entry["host"] == self.controller:
+                entry["reconfigure"] = outcome
+        return {"reconfigure": outcome, "notices": notices}
+
+    def _copies_differ(self, records: list) -> list[str]:
+        """The hosts whose slurm.conf (as left by this run) is not the same text, [] when all agree."""
+        texts = {}
+        for record in records:
+            if record is not None and record.facts_after:
+                text = (record.facts_after.get("files") or {}).get(self.options.slurm_conf)
+                if text is not None:
+                    texts[record.host] = text
+        return sorted(texts) if len(set(texts.values())) > 1 else []
+
+    def failing(self, entry: dict) -> bool:
+        return str(entry.get("reconfigure", "")).startswith("failed")
+
+    def row(self, entry: dict) -> dict:
+        detail = error_line(entry) or (f"scontrol reconfigure: {entry['reconfigure']}" if entry.get("reconfigure")
+                                       else "")
+        return {"host": entry["host"], "role": entry.get("role", ""), "status": entry.get("status", "failed"),
+                "changes": str(len(entry.get("plan") or [])), "detail": detail}
+
+    def report_fields(self) -> dict:
+        return {"dry_run": self.dry_run, "interval_s": self.options.interval,
+                "max_drained_pct": self.options.max_drained_pct, "epilog": self.options.epilog,
+                "slurm_conf": self.options.slurm_conf, "controller": self.controller}
+
+
+def controller_of(hosts) -> str:
+    """The one `scheduler.controller` the selected nodes name (a selected host that is that controller is no node);
+    InputError (exit 2) otherwise."""
+    named = {(h.vars.get("scheduler") or {}).get("controller") for h in hosts}
+    nodes = [h for h in hosts if h.name not in named]
+    if not nodes:
+        raise InputError("health.deploy: no Slurm node among the selected hosts", step="health.deploy",
+                         hint="select the GPU nodes (their controller is added by itself)")
+    return controller_name(nodes, "health.deploy", "health.deploy",
+                           "set scheduler.controller to the inventory host that runs slurmctld")
+
+
+def run_deploy(c, fleet_args: dict, options: Options, dry_run: bool) -> int:
+    """Open the fleet (the selected nodes, then their controller), run the job; the exit code."""
+    from gpuprov.core.runtime import run_fleet
+    from gpuprov.tasks._common import check_sudo_passwords, open_fleet
+
+    fleet = open_fleet(c, **fleet_args)
+    controller = controller_of(fleet.hosts)
+    if controller not in {h.name for h in fleet.hosts}:
+        extra = fleet.inventory.host(controller)
+        check_sudo_passwords([extra])
+        fleet.hosts = [*fleet.hosts, extra]
+    return run_fleet(fleet, HealthDeployJob(options, controller, dry_run=dry_run))
