@@ -247,26 +247,35 @@ def test_a_host_added_to_the_inventory_is_scraped_without_a_restart(fleet):
 
 
 def test_every_dashboard_panel_query_returns_data(fleet):
-    """A host in the middle of a rollout (its textfile as `invoke rollout` writes it) included."""
+    """A host in the middle of a rollout (its textfile as `invoke rollout` writes it) and a host whose health check
+    drained it for a fault (its textfile as gpuprov-health writes it) included."""
+    from gpuprov.health.check import TEXTFILE, textfile
     from gpuprov.monitoring.dashboard import build_dashboard, concrete, panel_queries
     from gpuprov.rollout.status import METRIC_FILE, metric_text
 
     queries = panel_queries(build_dashboard())
     assert len(queries) >= 20
     rollout = f"/var/lib/prometheus/node-exporter/{METRIC_FILE}"
+    health = f"/var/lib/prometheus/node-exporter/{TEXTFILE}"
+    # the fault's action and severity as gpuprov/data/health_codes.yaml gives them for PCIE_DEGRADED
+    failing = {"ok": False, "time": time.time(), "slurm": {"drained_by_gpuprov": True},
+               "faults": [{"code": "PCIE_DEGRADED", "gpu": "00000000:00:1E.0", "action": "HARDWARE_INSPECTION",
+                           "severity": "fatal", "text": "PCIe link x8 of x16"}]}
     on_host(fleet.lab, fleet.b, f"printf %s {shlex.quote(metric_text('0123abcd-1', 'upgrading', time.time()))} "
-                                f"> {rollout}")
+                                f"> {rollout} && printf %s {shlex.quote(textfile(failing))} > {health}")
     try:
         with prometheus(fleet) as prom:
             wait_until(prom, f"{fleet.b} upgrading", lambda: values(
                 prom, f'gpuprov_rollout_state{{host="{fleet.b}", state="upgrading"}} == 1'))
+            wait_until(prom, f"{fleet.b} failing its health check", lambda: values(
+                prom, f'gpuprov_health_ok{{host="{fleet.b}"}} == 0'))
             empty = []
             for title, expr in queries:
                 if not prom.query(concrete(expr)):
                     empty.append(f"{title}: {expr}")
             assert not empty, "panels without data:\n" + "\n".join(empty)
     finally:
-        on_host(fleet.lab, fleet.b, f"rm -f {rollout}")
+        on_host(fleet.lab, fleet.b, f"rm -f {rollout} {health}")
 
 
 def test_idle_lists_the_idle_host_with_its_cost_and_not_the_busy_one(fleet):
