@@ -137,7 +137,8 @@ def host_address(network, index: int) -> str:
     return str(address)
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """Whether 127.0.0.1:`port` can be bound here (a lab host's sshd is published there)."""
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -178,7 +179,7 @@ def host_key_pair(paths: LabPaths, name: str) -> tuple[bytes, str]:
 def create_host(client, index: int, profile: Profile, image: str, paths: LabPaths, network) -> None:
     """Create, fill and start one host container."""
     name, port = host_name(index), host_port(index)
-    if not _port_free(port):
+    if not port_free(port):
         raise GpuprovError(f"port 127.0.0.1:{port} is in use", host=name, step="lab host create",
                            hint="free it, or set GPUPROV_LAB_SSH_PORT_BASE to another port range")
     key, pub = host_key_pair(paths, name)

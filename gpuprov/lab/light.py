@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuprov.core.errors import GpuprovError, InputError
-from gpuprov.lab.hosts import tar_files
+from gpuprov.lab.hosts import port_free, tar_files
 from gpuprov.lab.keys import ensure_keypair, render_known_hosts
 from gpuprov.lab.labels import HOST_REPO, LABEL, LABEL_FILTER, LABELS, ROLE_LABEL
 from gpuprov.lab.removal import remove_container
@@ -111,16 +111,6 @@ def host_image(client) -> str:
     return newest.tags[0]
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
 def _banner(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=3) as sock:
@@ -139,7 +129,7 @@ def _create(client, host: LightHost, image: str, files: LightFiles, login_key: s
             raise GpuprovError(f"a container named {host.name} exists but is not the lab's", host=host.name,
                                step="lab light create", hint=f"remove or rename it (docker rm -f {host.name})")
         remove_container(other)
-    if not _port_free(host.port):
+    if not port_free(host.port):
         raise GpuprovError(f"port 127.0.0.1:{host.port} is in use", host=host.name, step="lab light create",
                            hint="free it, or set GPUPROV_LAB_LIGHT_PORT_BASE to another port range")
     public = ensure_keypair(files.host_keys / host.name / "ssh_host_ed25519_key", f"root@{host.name}")
