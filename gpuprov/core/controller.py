@@ -21,7 +21,9 @@ COMMAND_TIMEOUT_S = 60
 
 
 class ControllerRunner:
-    """argv on the Slurm controller host over SSH: (rc, stdout, stderr). Reconnects once after a dropped link."""
+    """argv on the Slurm controller host over SSH: (rc, stdout, stderr). Reconnects and runs it again once after a
+    dropped link or a timeout, unless `retry=False`: a command that is not idempotent (sbatch) may have reached
+    Slurm before the link failed, and would then run twice."""
 
     def __init__(self, host, settings, jump=None):
         from gpuprov.core.known_hosts import read_known_hosts
@@ -31,12 +33,13 @@ class ControllerRunner:
         self.conn = None
         self._lock = threading.Lock()
 
-    def __call__(self, argv: list[str], admin: bool) -> tuple[int, str, str]:
+    def __call__(self, argv: list[str], admin: bool, *, retry: bool = True) -> tuple[int, str, str]:
         from gpuprov.core.executor import connect
 
         command = shlex.join(argv)
+        tries = 2 if retry else 1
         with self._lock:
-            for attempt in (1, 2):
+            for attempt in range(1, tries + 1):
                 try:
                     if self.conn is None:
                         self.conn = connect(self.host, self.settings, self.known_hosts, jump=self.jump).open()
@@ -45,7 +48,7 @@ class ControllerRunner:
                     return result.rc, result.stdout, result.stderr
                 except GpuprovError:
                     self.close()
-                    if attempt == 2:
+                    if attempt == tries:
                         raise
         raise AssertionError("unreachable")
 

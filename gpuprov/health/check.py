@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import argparse
 import errno
+import fcntl
 import json
 import math
 import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -40,9 +42,10 @@ BOOT_ID = "/proc/sys/kernel/random/boot_id"
 REASON_PREFIX = "gpuprov:"
 TEXTFILE = "gpuprov_health.prom"
 MISMATCH = "Driver/library version mismatch"
-# HealthCheckProgram runs with a bare environment: look in the usual places after PATH
-SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/local/bin", "/usr/sbin",
-                               "/usr/bin", "/sbin", "/bin"])
+# HealthCheckProgram runs with a bare environment: look in the usual places after PATH. Only absolute entries:
+# an empty or relative one would make which() search the working directory
+SEARCH_PATH = os.pathsep.join([p for p in os.environ.get("PATH", "").split(os.pathsep) if os.path.isabs(p)]
+                              + ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"])
 # "NVRM: Xid (PCI:0000:9b:00): 119, pid=..., ..." (older drivers omit "PCI:"); as gpuprov/smoke/xid.py parses it
 XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): "
                  r"(?P<number>\d+),\s*(?P<message>.*?)\s*$")
@@ -50,6 +53,9 @@ XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:
 SINFO_FIELDS = "NodeList:0|,PartitionName:0|,StateComplete:0|,Timestamp:0|,Reason:0"
 SETTLE_S = 2.0   # after a drain, wait this long before the recount (longer than the timestamp's one-second step)
 DIAG_TIMEOUT_S = 120.0
+RUN_LIMIT_S = 50.0   # Slurm kills a HealthCheckProgram after 60 s: every command ends within this from the start
+STEP_S = 5.0         # the timeout of each Slurm command from the drain on (sinfo, scontrol answer within a second)
+DEADLINE = math.inf  # time.monotonic() at which the run's limit is spent (set by main)
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # slurm.conf's HealthCheckProgram takes no arguments: deploy's file turns on Slurm mode ("slurm": true)
@@ -68,12 +74,20 @@ def fault(code: str, gpu: str, detail: str) -> dict:
     return {"code": code, "gpu": gpu, "action": entry["action"], "severity": entry["severity"], "text": detail}
 
 
+def left() -> float:
+    """Seconds left of the run's limit."""
+    return DEADLINE - time.monotonic()
+
+
 def run(argv: list, timeout: float) -> tuple:
-    """(exit code, stdout, stderr) of a command run without a shell; exit code None when it could not run or
-    timed out (the reason in stderr)."""
+    """(exit code, stdout, stderr) of a command run without a shell, by its absolute path, within `timeout` and the
+    run's limit; exit code None when it could not run or timed out (the reason in stderr)."""
     exe = shutil.which(argv[0], path=SEARCH_PATH)
     if exe is None:
         return None, "", f"{argv[0]}: not found"
+    timeout = min(timeout, left())
+    if timeout <= 0:
+        return None, "", f"{argv[0]}: not run: the run's time limit is spent"
     try:
         done = subprocess.run([exe, *argv[1:]], capture_output=True, text=True, timeout=timeout,
                               errors="replace", check=False)
@@ -164,29 +178,68 @@ def check_nvlink(text: str, ids: list, expect: bool, checks: dict) -> list:
 
 
 class State:
-    """What the last run saw (/var/lib/gpuprov-health/state.json): the kernel log position and the Xid faults of
-    this boot, kept until the host reboots (a new boot id) or `--clear-xids`."""
+    """What the last run saw (/var/lib/gpuprov-health/state.json): the kernel log position, the Xid faults of this
+    boot and the deep check's faults (`deep`), kept until the host reboots (a new boot id) or `--clear-faults`.
+    Runs at the same time (HealthCheckProgram, Epilogs) take turns: an exclusive flock on the folder's `lock` is held
+    from the load through the save. `problem` says why the state could not be locked, read or saved ("" when it
+    was); a run with a problem reads no kernel log and saves nothing."""
 
-    def __init__(self, folder: str, boot_id: str):
+    def __init__(self, folder: str, boot_id: str, wait: float):
         self.path = os.path.join(folder, "state.json")
         self.folder = folder
+        self.cursor = os.path.join(folder, "journal.cursor")
+        self.new_cursor = ""   # journalctl's cursor file of this run, renamed to `cursor` after the save
+        self.problem = ""
+        self.lock_fd = -1
+        self.data: dict = {"boot_id": boot_id, "xids": [], "deep": [], "kmsg_seq": -1, "files": {}}
         try:
+            os.makedirs(folder, exist_ok=True)
+            self.lock_fd = os.open(os.path.join(folder, "lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            self.lock(wait)
             with open(self.path, encoding="utf-8") as fh:
-                self.data = json.load(fh)
-        except (OSError, ValueError):
-            self.data = {}
-        if self.data.get("boot_id") != boot_id:
-            self.data = {"boot_id": boot_id, "xids": [], "kmsg_seq": -1, "files": {}}
-            cursor = os.path.join(folder, "journal.cursor")
-            if os.path.exists(cursor):
-                os.unlink(cursor)
+                data = json.load(fh)
+        except FileNotFoundError:
+            data = {}
+        except (OSError, ValueError) as exc:
+            self.problem = f"state dir {folder}: {getattr(exc, 'strerror', None) or exc}"
+            return
+        if isinstance(data, dict) and data.get("boot_id") == boot_id:
+            self.data.update(data)
+            return
+        try:
+            if os.path.lexists(self.cursor):
+                os.unlink(self.cursor)
+        except OSError as exc:
+            self.problem = f"state dir {folder}: journal cursor: {exc.strerror}"
+
+    def lock(self, wait: float) -> None:
+        """Take the lock, waiting up to `wait` seconds for another run to let it go."""
+        end = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= end:
+                    raise OSError(errno.EWOULDBLOCK, f"locked by another run for {wait:g} s") from None
+                time.sleep(0.05)
 
     def save(self) -> None:
+        """state.json, then the journal cursor (so that the log position never runs ahead of the saved faults)."""
+        if self.problem:
+            return
         try:
-            os.makedirs(self.folder, exist_ok=True)
             write_atomic(self.path, json.dumps(self.data, sort_keys=True) + "\n")
+            if self.new_cursor and os.path.exists(self.new_cursor):
+                os.replace(self.new_cursor, self.cursor)
         except OSError as exc:
-            raise InputError(f"state dir {self.folder}: {exc.strerror} (run as root, or give --state-dir)") from exc
+            self.problem = f"state dir {self.folder}: {exc.strerror or exc}"
+
+    def close(self) -> None:
+        """Let the lock go."""
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)
+            self.lock_fd = -1
 
 
 def read_kmsg(path: str, state: State) -> str:
@@ -244,10 +297,19 @@ def read_kernel_log(source: str, state: State, timeout: float, checks: dict) -> 
     if source == "auto":
         source = "journal" if shutil.which("journalctl", path=SEARCH_PATH) else "kmsg"
     if source == "journal":
-        os.makedirs(state.folder, exist_ok=True)
-        cursor = os.path.join(state.folder, "journal.cursor")
-        code, out, err = run(["journalctl", "-k", "-o", "cat", "--no-pager", "-q", f"--cursor-file={cursor}"],
-                             timeout)
+        # journalctl moves the cursor of a copy; State.save renames it over the kept one after the state is saved
+        state.new_cursor = state.cursor + ".new"
+        try:
+            if os.path.exists(state.cursor):
+                shutil.copyfile(state.cursor, state.new_cursor)
+            elif os.path.lexists(state.new_cursor):
+                os.unlink(state.new_cursor)
+        except OSError as exc:
+            state.problem = f"state dir {state.folder}: journal cursor: {exc.strerror or exc}"
+            checks["xid"] = f"skipped: {state.problem}"
+            return None
+        code, out, err = run(["journalctl", "-k", "-o", "cat", "--no-pager", "-q",
+                              f"--cursor-file={state.new_cursor}"], timeout)
         if code == 1 and not out.strip() and not err.strip():
             return ""   # systemd 252's journalctl exits 1, silently, when there is no new entry (tried in the lab)
         if code != 0:
@@ -283,6 +345,16 @@ def check_xids(text: str, state: State) -> list:
     return list(state.data["xids"])
 
 
+def keep_deep(found: list, state: State) -> list:
+    """The deep check's faults found now, added to those kept for this boot, and all of them returned: a routine run
+    (no dcgmi diag) still counts them, so it does not resume a node the Epilog drained for one."""
+    kept = {(f["code"], f["gpu"]): f for f in state.data["deep"]}
+    for f in found:
+        kept[(f["code"], f["gpu"])] = f
+    state.data["deep"] = list(kept.values())
+    return list(state.data["deep"])
+
+
 def clean(text: str, limit: int) -> str:
     """One line of at most `limit` characters: control characters replaced."""
     text = CONTROL.sub(" ", text).strip()
@@ -296,12 +368,28 @@ def write_atomic(path: str, content: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(content)
-        os.chmod(tmp, 0o644)
+            os.fchmod(fh.fileno(), 0o644)   # on the open file: a path could be swapped for a link meanwhile
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def textfile_dir_problem(folder: str) -> str:
+    """Why the textfile folder is refused ("" when it is not): it must be a folder itself (not a link), owned by
+    root (or the user running the check) and writable by no one else, as the program runs as root."""
+    try:
+        info = os.lstat(folder)
+    except OSError as exc:
+        return f"textfile dir {folder}: {exc.strerror}"
+    if not stat.S_ISDIR(info.st_mode):
+        return f"textfile dir {folder}: not a folder" + (" (a symbolic link)" if stat.S_ISLNK(info.st_mode) else "")
+    if info.st_uid not in (0, os.geteuid()):
+        return f"textfile dir {folder}: owned by uid {info.st_uid}, not root: refused"
+    if info.st_mode & 0o022:
+        return f"textfile dir {folder}: writable by group or others (mode {stat.S_IMODE(info.st_mode):04o}): refused"
+    return ""
 
 
 def label(value: str) -> str:
@@ -396,11 +484,11 @@ def recount(node: str, partitions: list, max_pct: float, timeout: float) -> tupl
     partition the node must be among the first `allowed` of gpuprov's drains in their agreed order (reason time,
     then name). A run sees every drain ranked before its own (those were set before it, or in the same second and
     so at least SETTLE_S before its recount), so the nodes that keep their drain are always among the first
-    `allowed`: the limit holds. When sinfo cannot say, the drain is given up (fail closed)."""
+    `allowed`: the limit holds. None when sinfo cannot say (after a drain: given up, fail closed)."""
     for part in partitions:
         rows = node_rows(["-p", part], timeout)
         if rows is None:
-            return False, f"sinfo could not list partition {part} after the drain"
+            return None, f"sinfo could not list partition {part} after the drain"
         order = ours(rows)
         limit = allowed(len({r[0] for r in rows}), max_pct)
         if node in order and order.index(node) >= limit:
@@ -410,9 +498,29 @@ def recount(node: str, partitions: list, max_pct: float, timeout: float) -> tupl
     return True, ""
 
 
-def slurm(result: dict, node: str, max_pct: float, timeout: float, settle: float) -> dict:
-    """Drain the node on a fatal fault (within the breaker, recounted `settle` seconds after the drain) or resume
-    it when it passes and gpuprov drained it."""
+def give_up(out: dict, node: str, why: str, timeout: float) -> dict:
+    """Resume a node whose gpuprov drain ranks past the breaker's limit, after reading its reason again: only a
+    drain that is still gpuprov's is lifted (an admin may have drained it since)."""
+    rows = node_rows(["-n", node], timeout)
+    if rows is None:
+        out.update(action="resume after the recount failed", held_back=True,
+                   why=f"{why}; not resumed: sinfo could not read the reason again")
+        return out
+    if not rows or not drained(rows[0][2]) or not rows[0][4].startswith(REASON_PREFIX):
+        now = (rows[0][2], rows[0][4]) if rows else ("", "")
+        out.update(action="none", state=now[0], reason=now[1], held_back=False,
+                   why=f"{why}; not resumed: the node is no longer drained by gpuprov (reason {now[1]!r})")
+        return out
+    code, _, err = run(["scontrol", "update", f"nodename={node}", "state=resume"], timeout)
+    out.update(action="held back" if code == 0 else "resume after the recount failed", held_back=True,
+               why=why if code == 0 else f"{why}; {err.strip()[:200]}")
+    return out
+
+
+def slurm(result: dict, node: str, max_pct: float, timeout: float, settle: float, trusted: bool) -> dict:
+    """Drain the node on a fatal fault (within the breaker, recounted `settle` seconds after the drain, only with
+    time left for the recount and a resume) or resume it when it passes, gpuprov drained it and the state this
+    run relied on (`trusted`: Xids, the deep check's faults) was read and saved."""
     fatal = [f for f in result["faults"] if f["severity"] == "fatal"]
     rows = node_rows(["-n", node], timeout)
     if not rows:
@@ -423,32 +531,42 @@ def slurm(result: dict, node: str, max_pct: float, timeout: float, settle: float
     ours = reason.startswith(REASON_PREFIX)
     out = {"node": node, "state": state, "reason": reason, "action": "none", "held_back": False}
     if not fatal:
-        if drained(state) and ours:
+        if drained(state) and ours and not trusted:
+            out["why"] = "not resumed: the state (Xids, the deep check's faults) could not be read or saved"
+        elif drained(state) and ours:
             code, _, err = run(["scontrol", "update", f"nodename={node}", "state=resume"], timeout)
             out.update(action="resume" if code == 0 else "resume failed", why=err.strip()[:200])
         return out
-    if drained(state):
-        out["why"] = "already drained by gpuprov" if ours else "drained by someone else: left as it is"
+    if drained(state) and not ours:
+        out["why"] = "drained by someone else: left as it is"
         return out
+    if drained(state):   # a run stopped between its drain and its recount leaves a drain past the limit: recount
+        out["why"] = "already drained by gpuprov"
+        keep, why = recount(node, partitions, max_pct, timeout)
+        return give_up(out, node, why, timeout) if keep is False else out
     hold, why = breaker(node, partitions, max_pct, timeout)
     if hold:
         out.update(action="held back", held_back=True, why=why)
+        return out
+    step = min(timeout, STEP_S)
+    needed = settle + (len(partitions) + 3) * step   # the drain, the recount, the reason read again, a resume
+    if left() < needed:
+        out.update(action="held back", held_back=True,
+                   why=f"not drained: {max(left(), 0):.0f} s of the run's limit left, a drain needs {needed:g} s "
+                       "(the drain, the recount and a resume)")
         return out
     first = fatal[0]
     more = f" (+{len(fatal) - 1} more)" if len(fatal) > 1 else ""
     gpu = f" {first['gpu']}" if first["gpu"] else ""
     text = clean(f"{REASON_PREFIX}{first['code']} {first['text']}{gpu}{more}", 240)
-    code, _, err = run(["scontrol", "update", f"nodename={node}", "state=drain", f"reason={text}"], timeout)
+    code, _, err = run(["scontrol", "update", f"nodename={node}", "state=drain", f"reason={text}"], step)
     out.update(action="drain" if code == 0 else "drain failed", why=err.strip()[:200], new_reason=text)
     if code != 0:
         return out
     time.sleep(settle)
-    keep, why = recount(node, partitions, max_pct, timeout)
-    if not keep:   # past the limit: this node gives its drain up (resume), and says so as the breaker does
-        code, _, err = run(["scontrol", "update", f"nodename={node}", "state=resume"], timeout)
-        out.update(action="held back" if code == 0 else "resume after the recount failed", held_back=True,
-                   why=why if code == 0 else f"{why}; {err.strip()[:200]}")
-    return out
+    keep, why = recount(node, partitions, max_pct, step)
+    # past the limit, or sinfo cannot say: this node gives its drain up (resume), and says so as the breaker does
+    return out if keep else give_up(out, node, why, step)
 
 
 def check_diag(timeout: float, checks: dict) -> list:
@@ -514,9 +632,12 @@ def parse_args(argv: list) -> argparse.Namespace:
                         "log file (dmesg output) (default auto: journal where journalctl exists, else kmsg)")
     parser.add_argument("--state-dir", default=STATE_DIR, help=f"where the last position is kept ({STATE_DIR})")
     parser.add_argument("--boot-id-file", default=BOOT_ID, help=argparse.SUPPRESS)
-    parser.add_argument("--clear-xids", action="store_true", help="forget this boot's Xids (after a GPU reset)")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds each command may take (default 10; "
-                        "Slurm kills a HealthCheckProgram after 60 s)")
+    parser.add_argument("--clear-faults", "--clear-xids", dest="clear_faults", action="store_true",
+                        help="forget this boot's kept Xids and deep-check faults (after a GPU reset or a repair)")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds each command may take (default 10)")
+    parser.add_argument("--run-limit", type=float, default=RUN_LIMIT_S, help="seconds the whole run may take "
+                        f"(default {RUN_LIMIT_S:g}; Slurm kills a HealthCheckProgram after 60 s; --deep adds "
+                        f"{DIAG_TIMEOUT_S:g})")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--textfile-dir", help="write gpuprov_health.prom there (node_exporter's textfile dir)")
     parser.add_argument("--slurm", action="store_true", help="drain on failure, resume when gpuprov drained")
@@ -531,13 +652,16 @@ def parse_args(argv: list) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.max_drained_pct is not None and not 0 <= args.max_drained_pct <= 100:
         raise InputError(f"--max-drained-pct {args.max_drained_pct:g}: expected 0 to 100")
+    if not 0 < args.run_limit <= 3600:
+        raise InputError(f"--run-limit {args.run_limit:g}: expected more than 0, at most 3600 seconds")
     if not 0 <= args.settle <= 30:
         raise InputError(f"--settle {args.settle:g}: expected 0 to 30 seconds (Slurm stops the program at 60)")
     return args
 
 
-def gather(args: argparse.Namespace, config: dict) -> dict:
-    """Run every check; the result document (without the Slurm part)."""
+def gather(args: argparse.Namespace, config: dict) -> tuple:
+    """Run every check: the result document (without the Slurm part), and why the state could not be locked, read
+    or saved ("" when it was)."""
     checks: dict = {}
     faults: list = []
     expected = args.expected_gpus if args.expected_gpus is not None else config.get("expected_gpus")
@@ -565,26 +689,36 @@ def gather(args: argparse.Namespace, config: dict) -> dict:
     if os.path.exists(args.boot_id_file):
         with open(args.boot_id_file, encoding="utf-8") as fh:
             boot_id = fh.read().strip()
-    state = State(args.state_dir, boot_id)
-    if args.clear_xids:
-        state.data["xids"] = []
-    log = read_kernel_log(args.kernel_log, state, args.timeout, checks)
-    faults += check_xids(log or "", state)
-    state.save()
-    if args.deep and ids:
-        faults += check_diag(max(args.timeout, DIAG_TIMEOUT_S), checks)
+    # the diagnostic takes minutes: it runs before the state's lock is taken, so other runs need not wait for it
+    deep = check_diag(max(args.timeout, DIAG_TIMEOUT_S), checks) if args.deep and ids else []
+    state = State(args.state_dir, boot_id, max(0.0, min(2 * args.timeout, left() / 2)))
+    try:
+        if not state.problem:
+            if args.clear_faults:
+                state.data["xids"], state.data["deep"] = [], []
+            log = read_kernel_log(args.kernel_log, state, args.timeout, checks)
+            faults += check_xids(log or "", state)
+            deep = keep_deep(deep, state)
+            state.save()
+    finally:
+        state.close()
+    faults += deep
+    if state.problem:
+        checks.setdefault("xid", f"skipped: {state.problem}")
+        faults.append(fault("STATE_FAILED", "", clean(state.problem, 200)))
     for name, codes in (("gpu_count", ["GPU_MISSING"]), ("driver", ["DRIVER_MISMATCH", "SMI_FAILED"]),
                         ("ecc", ["ECC_UNCORRECTABLE"]), ("row_remap", ["ROW_REMAP_PENDING", "ROW_REMAP_FAILED"]),
                         ("xid", ["XID_"]), ("nvlink", ["NVLINK_DOWN"]), ("fabric", ["FABRIC_NOT_READY"]),
                         ("pcie", ["PCIE_DEGRADED"]), ("persistence", ["PERSISTENCE_OFF"]),
-                        *((("dcgm_diag", ["DCGM_DIAG_FAILED"]),) if args.deep else ())):
+                        ("state", ["STATE_FAILED"]),
+                        *((("dcgm_diag", ["DCGM_DIAG_FAILED"]),) if args.deep or deep else ())):
         found = [f for f in faults if any(f["code"].startswith(c) for c in codes)]
         if found:
             checks[name] = "fail" if any(f["severity"] == "fatal" for f in found) else "warn"
         else:
             checks.setdefault(name, "ok")
     ok = not any(f["severity"] == "fatal" for f in faults)
-    return {"ok": ok, "time": time.time(), "checks": checks, "faults": faults, "slurm": None}
+    return {"ok": ok, "time": time.time(), "checks": checks, "faults": faults, "slurm": None}, state.problem
 
 
 def alert(message: str) -> None:
@@ -599,11 +733,13 @@ def alert(message: str) -> None:
         pass
 
 
-def run_checks(args: argparse.Namespace) -> dict:
-    """The checks, the Slurm part (--slurm, or "slurm": true) and the textfile; the result document, also kept as
-    the state dir's last.json (InputError on bad input)."""
+def run_checks(args: argparse.Namespace) -> tuple:
+    """The checks, the Slurm part (--slurm, or "slurm": true) and the textfile: the result document, also kept as
+    the state dir's last.json, and the problems of keeping it (state, textfile, last.json), which never stop the
+    Slurm part (InputError on bad input)."""
     config = load_config(args.config)
-    result = gather(args, config)
+    result, state_problem = gather(args, config)
+    problems = [state_problem] if state_problem else []
     textfile_dir = args.textfile_dir or config.get("textfile_dir")
     if args.slurm or config.get("slurm"):
         # slurmd 22.05 sets SLURMD_NODENAME for HealthCheckProgram (and Epilog); else the short host name
@@ -615,25 +751,29 @@ def run_checks(args: argparse.Namespace) -> dict:
         max_pct = args.max_drained_pct if args.max_drained_pct is not None else config.get("max_drained_pct", 10)
         if not 0 <= max_pct <= 100:
             raise InputError(f"{args.config}: max_drained_pct {max_pct:g}: expected 0 to 100")
-        part = slurm(result, node, float(max_pct), args.timeout, args.settle)
-        left = part["action"] in ("drain", "resume failed", "resume after the recount failed") or (
+        part = slurm(result, node, float(max_pct), args.timeout, args.settle, not state_problem)
+        still = part["action"] in ("drain", "resume failed", "resume after the recount failed") or (
             part["action"] == "none" and drained(part.get("state", "")) and part.get("reason", "").startswith(
                 REASON_PREFIX))
-        result["slurm"] = {**part, "node_from": source, "drained_by_gpuprov": left}
+        result["slurm"] = {**part, "node_from": source, "drained_by_gpuprov": still}
     if args.epilog:
         result["epilog"] = {"job": os.environ.get("SLURM_JOB_ID", ""),
                             "exit": os.environ.get("SLURM_JOB_EXIT_CODE2", os.environ.get("SLURM_JOB_EXIT_CODE"))}
     if textfile_dir:
-        if not os.path.isdir(textfile_dir):
-            raise InputError(f"textfile dir {textfile_dir}: not a folder")
-        write_atomic(os.path.join(textfile_dir, TEXTFILE), textfile(result))
-    try:
-        os.makedirs(args.state_dir, exist_ok=True)
-        name = "last-epilog.json" if args.epilog else LAST_RUN
-        write_atomic(os.path.join(args.state_dir, name), json.dumps(result, sort_keys=True) + "\n")
-    except OSError as exc:
-        raise InputError(f"state dir {args.state_dir}: {exc.strerror}") from exc
-    return result
+        problem = textfile_dir_problem(textfile_dir)
+        if not problem:
+            try:
+                write_atomic(os.path.join(textfile_dir, TEXTFILE), textfile(result))
+            except OSError as exc:
+                problem = f"textfile dir {textfile_dir}: {exc.strerror or exc}"
+        problems += [problem] if problem else []
+    if not state_problem:
+        try:
+            name = "last-epilog.json" if args.epilog else LAST_RUN
+            write_atomic(os.path.join(args.state_dir, name), json.dumps(result, sort_keys=True) + "\n")
+        except OSError as exc:
+            problems.append(f"state dir {args.state_dir}: {exc.strerror or exc}")
+    return result, problems
 
 
 def main(argv: list | None = None) -> int:
@@ -641,6 +781,7 @@ def main(argv: list | None = None) -> int:
         print("gpuprov-health: no fault code table: install the program rendered by gpuprov.health.codes",
               file=sys.stderr)
         return 2
+    global DEADLINE
     epilog = "--epilog" in (sys.argv[1:] if argv is None else argv)
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -648,13 +789,18 @@ def main(argv: list | None = None) -> int:
             if not job_failed(dict(os.environ)):
                 return 0
             args.deep = args.slurm = True
-        result = run_checks(args)
+        DEADLINE = time.monotonic() + args.run_limit + (DIAG_TIMEOUT_S if args.deep else 0.0)
+        result, problems = run_checks(args)
     except InputError as exc:
         print(f"gpuprov-health: {clean(str(exc), 500)}", file=sys.stderr)
         return 0 if epilog else 2   # a failing Epilog would drain the node itself, past the breaker
+    for problem in problems:
+        print(f"gpuprov-health: {clean(problem, 500)}", file=sys.stderr)
     slurm_part = result["slurm"] or {}
     if slurm_part.get("held_back"):
         alert(f"drain of {slurm_part['node']} held back: {slurm_part['why']}")
+    if problems:
+        alert(f"results not kept: {'; '.join(problems)}")
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
@@ -666,7 +812,10 @@ def main(argv: list | None = None) -> int:
         print("gpuprov-health: " + ("ok" if result["ok"] else "failing"))
     # Slurm mode: the drain is the signal, and a non-zero exit would make slurmd log a failure on every run; an
     # Epilog that exits non-zero drains the node with Slurm's own reason, past the breaker
-    return 0 if result["ok"] or slurm_part or args.epilog else 1
+    # the state or an output that could not be kept is exit 2 (also in Slurm mode: slurmd then logs the output)
+    if args.epilog:
+        return 0
+    return 2 if problems else 0 if result["ok"] or slurm_part else 1
 
 
 if __name__ == "__main__":

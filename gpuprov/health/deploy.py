@@ -3,19 +3,21 @@ job on the fleet runtime (gpuprov.core.runtime).
 
 On every selected node, root-owned and only where it differs: the rendered program (/usr/local/sbin/gpuprov-health,
 0755), its Epilog wrapper (/usr/local/sbin/gpuprov-health-epilog, 0755), its settings (/etc/gpuprov/health.json:
-the GPU count and NVLink from the inventory's `hardware`, Slurm mode, the breaker's share, the textfile folder) and
+the GPU count and NVLink from the inventory's `hardware`, Slurm mode, the breaker's share, the textfile folder), the
+textfile folder itself root:root 0755 as monitoring.deploy keeps it (gpuprov.monitoring.exporters), and
 gpuprov's block in slurm.conf (HealthCheckProgram, HealthCheckInterval, HealthCheckNodeState, Epilog) between two
-marker lines. The controller named by the nodes' `scheduler.controller` gets the same block, and when any slurm.conf
-changed, `scontrol reconfigure` runs there after every host is done. The block is the same text everywhere, so
-every copy of slurm.conf stays identical where it was. A key of the block set outside it (an admin's Epilog) is
-refused, never overwritten.
+marker lines. The controller named by the nodes' `scheduler.controller` gets the same block (and the node's files when
+it is a Slurm node too), and when any slurm.conf changed, `scontrol reconfigure` runs there after every host is done,
+only when every host succeeded (else it is held back, and said so). Configless Slurm (SlurmctldParameters with
+enable_configless) is refused: every node, installed or not, would read gpuprov's Epilog from the controller. The
+block is the same text everywhere, so every copy of slurm.conf stays identical where it was. A key of the block set
+outside it (an admin's Epilog) is refused, never overwritten.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import shlex
 from dataclasses import dataclass, field
 
 from gpuprov.core.controller import controller_name
@@ -74,6 +76,48 @@ def merge_block(current: str, block: str, where: str) -> str:
         return "".join(lines[: begins[0]]) + block + "".join(lines[ends[0] + 1:])
     separator = "" if not current or current.endswith("\n") else "\n"
     return current + separator + block
+
+
+def _values(current: str, key: str) -> list[str]:
+    """The values of `key` (any case) on slurm.conf's lines, comments left out: `NodeName=gpu[01-04] CPUs=4` ->
+    `gpu[01-04]` for NodeName."""
+    out = []
+    for line in current.splitlines():
+        for word in line.split("#", 1)[0].split():
+            name, equals, value = word.partition("=")
+            if equals and name.lower() == key.lower():
+                out.append(value)
+    return out
+
+
+def configless(current: str) -> bool:
+    """Whether slurm.conf runs Slurm configless (SlurmctldParameters holds enable_configless): the nodes then read
+    the controller's slurm.conf, with gpuprov's Epilog in it, even the nodes health.deploy never installed."""
+    return any("enable_configless" in (p.strip().lower() for p in value.split(","))
+               for value in _values(current, "SlurmctldParameters"))
+
+
+def _hostlist(expression: str) -> list[str]:
+    """The names of a Slurm host list with at most one bracket per name (`gpu[01-03,07],ctl` -> gpu01, gpu02, gpu03,
+    gpu07, ctl); a form it cannot expand stays as written."""
+    names = []
+    for word in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)?", expression):
+        match = re.fullmatch(r"([^\[\]]*)\[([0-9,-]+)\]([^\[\]]*)", word)
+        if not match:
+            names.append(word)
+            continue
+        for part in match[2].split(","):
+            low, _, high = part.partition("-")
+            if low.isdigit() and (high or low).isdigit() and int(high or low) - int(low) < 100000:
+                names += [f"{match[1]}{i:0{len(low)}d}{match[3]}" for i in range(int(low), int(high or low) + 1)]
+    return names
+
+
+def slurm_node(host, current: str) -> bool:
+    """Whether the host is a Slurm node too: the inventory's slurm: source lists it (slurm_state), or a NodeName
+    line of its slurm.conf names it (scheduler.node, else the host's name)."""
+    name = (host.vars.get("scheduler") or {}).get("node") or host.name
+    return "slurm_state" in host.vars or any(name in _hostlist(v) for v in _values(current, "NodeName"))
 
 
 def parse_share(value: str | float | None) -> float:
@@ -143,11 +187,31 @@ def textfile_dir(host) -> str:
     return check_path("validate.textfile_dir", (host.vars.get("validate") or {}).get("textfile_dir") or TEXTFILE_DIR)
 
 
-def probe_command(folder: str) -> str:
-    """Prints `python3 X.Y` (or `python3 none`) and `textfile yes|no`."""
+def probe_command() -> str:
+    """Prints `python3 X.Y` (or `python3 none`)."""
     return ("v=$(python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])' 2>/dev/null || echo none); "
-            f"echo \"python3 $v\"; if [ -d {shlex.quote(folder)} ]; then echo 'textfile yes'; "
-            "else echo 'textfile no'; fi")
+            "echo \"python3 $v\"")
+
+
+def folder_policy(host):
+    """The monitoring policy of the textfile folder alone (what gpuprov.monitoring.exporters reads of it)."""
+    from gpuprov.monitoring.policy import MonitoringPolicy
+
+    return MonitoringPolicy(host=host.name, address=host.address, textfile_dir=textfile_dir(host))
+
+
+def textfile_changes(host, facts: dict) -> list:
+    """The textfile folder made or kept root:root 0755 as monitoring.deploy does (gpuprov.monitoring.exporters: on
+    Debian its package folder /var/lib/prometheus kept root's by a dpkg-statoverride too), from the folder's state
+    in the facts (`textfile_dir`: exporters.parse_state's). A link, a file or a shared folder there is a
+    GpuprovError naming the host, the step and the path."""
+    from gpuprov.core.operations import OpContext
+    from gpuprov.monitoring import exporters
+
+    policy = folder_policy(host)
+    ctx = OpContext(host.name, facts, stack={}, repo=None, host_vars=host.vars)
+    debian = (facts.get("os") or {}).get("family") == "debian"
+    return [*(exporters.package_dir(ctx, policy) if debian else ()), *exporters.textfile_dir(ctx, policy)]
 
 
 class HealthDeployJob(HostJob):
@@ -167,21 +231,23 @@ class HealthDeployJob(HostJob):
         return HealthRecord(host.name, role="controller" if host.name == self.controller else "node")
 
     def managed_files(self, host) -> tuple[str, ...]:
-        if host.name == self.controller:
-            return (self.options.slurm_conf,)
+        """The node's files; the controller's too, as it may be a node as well (slurm_node)."""
         return (PROGRAM, EPILOG, CONFIG, self.options.slurm_conf)
 
     def gather(self, conn, record: HealthRecord) -> dict:
         facts = dict(super().gather(conn, record))
-        if record.role == "node":
-            folder = textfile_dir(conn.host)
-            probe = dict(line.split(" ", 1) for line in conn.run(probe_command(folder), timeout=60).stdout.splitlines()
+        current = (facts.get("files") or {}).get(self.options.slurm_conf) or ""
+        if record.role == "node" or slurm_node(conn.host, current):
+            from gpuprov.monitoring.deploy import textfile_dir_state
+
+            probe = dict(line.split(" ", 1) for line in conn.run(probe_command(), timeout=60).stdout.splitlines()
                          if " " in line)
             facts["health_probe"] = probe
+            facts["textfile_dir"] = textfile_dir_state(conn, folder_policy(conn.host))
         return facts
 
     def plan(self, conn, record: HealthRecord) -> list:
-        from gpuprov.core.operations import Change, change_dict, managed_file
+        from gpuprov.core.operations import change_dict, managed_file
         from gpuprov.health.codes import render_program
 
         host, files = conn.host, record.facts_before.get("files") or {}
@@ -191,8 +257,19 @@ class HealthDeployJob(HostJob):
                                f"{'controller' if record.role == 'controller' else 'node'} with its slurm.conf there",
                                host=host.name, step="slurm.conf",
                                hint="install Slurm first, or give --slurm-conf PATH where this cluster keeps it")
+        if configless(current):
+            raise GpuprovError(f"{host.name}:{self.options.slurm_conf} runs Slurm configless (SlurmctldParameters "
+                               "has enable_configless): every node reads the controller's slurm.conf, so each node "
+                               "health.deploy did not install would get an Epilog it lacks and be drained after "
+                               "every job", host=host.name, step="slurm.conf",
+                               command=f"grep -i SlurmctldParameters {self.options.slurm_conf}",
+                               hint="health.deploy does not wire configless Slurm: give every node of the cluster "
+                                    f"{PROGRAM} and {EPILOG} first, then add HealthCheckProgram and Epilog to the "
+                                    "controller's slurm.conf yourself")
         changes = []
-        if record.role == "node":
+        if record.role == "controller" and slurm_node(host, current):
+            record.role = "controller+node"
+        if record.role != "controller":
             probe = record.facts_before["health_probe"]
             version = probe.get("python3", "none")
             if version == "none" or tuple(int(p) for p in version.split(".")) < MIN_PYTHON:
@@ -201,9 +278,7 @@ class HealthDeployJob(HostJob):
                                    hint="install python3 (Debian: apt-get install python3-minimal)")
             folder = textfile_dir(host)
             settings = host_settings(host, folder, self.options.max_drained_pct)
-            if probe.get("textfile") != "yes":
-                changes.append(Change("health", f"create the textfile folder {folder}",
-                                      (f"mkdir -p -m 0755 {shlex.quote(folder)}",), affects=("files",)))
+            changes += textfile_changes(host, record.facts_before)
             changes += [c for c in (
                 managed_file("health", PROGRAM, files.get(PROGRAM), render_program(), "the passive health check",
                              mode="0755", owner="root:root"),
@@ -221,7 +296,8 @@ class HealthDeployJob(HostJob):
         return changes
 
     def finish(self, fleet, records: list, entries: list[dict]) -> dict:
-        """`scontrol reconfigure` on the controller when any slurm.conf changed (every host done first)."""
+        """`scontrol reconfigure` on the controller when any slurm.conf changed and every host is done (held back,
+        and said so, when a host failed or was skipped: its program may be missing where slurm.conf names it)."""
         changed = [r.host for r in records if r is not None and r.status in ("changed", "planned")
                    and any(step.get("component") == "slurm.conf" for step in r.plan)]
         differing = self._copies_differ(records)
@@ -230,6 +306,13 @@ class HealthDeployJob(HostJob):
         if self.dry_run or not changed:
             return {"reconfigure": "not needed" if not self.dry_run else "planned" if changed else "not needed",
                     "notices": notices}
+        unfinished = [e["host"] for e in entries if e.get("status") not in ("changed", "unchanged")]
+        if unfinished:
+            outcome = (f"held back: health.deploy did not finish on {', '.join(unfinished)}, so Slurm is not told "
+                       f"of the new slurm.conf on {', '.join(changed)} (its HealthCheckProgram and Epilog would be "
+                       "missing there); fix those hosts and run health.deploy again")
+            self._set_reconfigure(entries, outcome)
+            return {"reconfigure": outcome, "notices": [*notices, f"scontrol reconfigure {outcome}"]}
         from gpuprov.core.controller import controller_runner
 
         runner = controller_runner(fleet, self.controller)
@@ -240,10 +323,13 @@ class HealthDeployJob(HostJob):
             outcome = f"failed: {exc}"
         finally:
             runner.close()
+        self._set_reconfigure(entries, outcome)
+        return {"reconfigure": outcome, "notices": notices}
+
+    def _set_reconfigure(self, entries: list[dict], outcome: str) -> None:
         for entry in entries:
             if entry["host"] == self.controller:
                 entry["reconfigure"] = outcome
-        return {"reconfigure": outcome, "notices": notices}
 
     def _copies_differ(self, records: list) -> list[str]:
         """The hosts whose slurm.conf (as left by this run) is not the same text, [] when all agree."""
@@ -256,7 +342,7 @@ class HealthDeployJob(HostJob):
         return sorted(texts) if len(set(texts.values())) > 1 else []
 
     def failing(self, entry: dict) -> bool:
-        return str(entry.get("reconfigure", "")).startswith("failed")
+        return str(entry.get("reconfigure", "")).startswith(("failed", "held back"))
 
     def row(self, entry: dict) -> dict:
         detail = error_line(entry) or (f"scontrol reconfigure: {entry['reconfigure']}" if entry.get("reconfigure")

@@ -21,10 +21,12 @@ failure in `errors` (recorded from the lab: tests/fixtures/slurm/). JSON rather 
 free text, and in a line format a reason holding a line break could forge a node line; in JSON it is one string.
 Older Slurm (before 21.08: no --json) is refused with a clear error, not read another way.
 
-Each node becomes a host (its NodeName is the host name, and the address when the YAML gives none); each partition a
-group; the gres and features hardware variables; the state facts:
+Each node becomes a host (its NodeName is the host name; its NodeAddr, else its NodeName, the address when the YAML
+gives none; a node that is a file host of another name, by that host's address or scheduler.node, is refused: the
+same machine would be two hosts); each partition a group; the gres and features hardware variables; the state facts:
 
-    hardware: {gpu: H100-SXM, count: 8}   gpu: the gres type found in gpuprov's catalog, else left out
+    hardware: {gpu: H100-SXM, count: 8}   gpu: the gres type found in gpuprov's catalog, else left out; none at
+                                          all for MIG slices (`gpu:nvidia_a100_3g.40gb:14`: slices, not GPUs)
     slurm_gres: "gpu:h100-sxm:8"          the node's gres as Slurm prints it
     slurm_features: [hgx, nvswitch]       the node's available features
     slurm_state: idle+drain               the base state, then `+flag` per flag, lower-cased (as sinfo's StateComplete,
@@ -64,6 +66,7 @@ from gpuprov.inventory.levels import (
     known_keys,
 )
 from gpuprov.inventory.located import Located
+from gpuprov.inventory.model import is_valid_address
 
 LOCAL = "local"
 STEP = "inventory.slurm"
@@ -79,6 +82,9 @@ BASES = frozenset({"down", "idle", "allocated", "error", "mixed", "future", "unk
 # a gres entry (src/common/gres.c: name[:type][:count], an optional `(S:0-1)` socket list after it); the count is a
 # uint64 (at most 20 digits)
 _GRES = re.compile(r"(?P<name>[^:(]+)(?::(?P<type>[^:(]+))?(?::(?P<count>[0-9]{1,20}))?(?:\(.*\))?")
+# a MIG profile in a gres type: `3g.40gb`, AutoDetect=nvml's `nvidia_a100_3g.40gb`, `1g.10gb+me` (NVIDIA's MIG
+# user guide names profiles <compute slices>g.<memory>gb): such a gpu gres counts slices, not GPUs
+_MIG = re.compile(r"(?:^|[_-])\d+g\.\d+gb(?:\+\w+)?$", re.IGNORECASE)
 
 
 class SlurmAnswerError(ValueError):
@@ -104,6 +110,7 @@ class SlurmNode:
     state: str = "unknown"
     flags: tuple[str, ...] = ()
     reason: str = ""
+    address: str = ""       # NodeAddr ("" when Slurm gives none)
 
     def state_complete(self) -> str:
         """`idle+drain`: the base state, then each flag (as sinfo's StateComplete)."""
@@ -195,7 +202,7 @@ def _node(index: int, item: Any) -> SlurmNode:
     except SlurmAnswerError as exc:
         raise SlurmAnswerError(f"node {show(name)}: {exc}") from None
     return SlurmNode(name=name, partitions=strings("partitions"), features=features, gres=gres, state=state,
-                     flags=flags, reason=text("reason"))
+                     flags=flags, reason=text("reason"), address=text("address"))
 
 
 def gpu_gres(gres: str) -> tuple[str | None, int]:
@@ -217,6 +224,16 @@ def gpu_gres(gres: str) -> tuple[str | None, int]:
     return (types.pop() if len(types) == 1 else None), count
 
 
+def mig_types(gres: str) -> list[str]:
+    """The MIG profile types among a node's `gpu` gres entries (`nvidia_a100_3g.40gb`), in order, [] for none."""
+    out = []
+    for entry in filter(None, gres.split(",")):
+        match = _GRES.fullmatch(entry)
+        if match and match["name"] == "gpu" and match["type"] and _MIG.search(match["type"]):
+            out.append(match["type"])
+    return out
+
+
 def catalog_gpu(gres_type: str) -> str | None:
     """The catalog key of a gres type: a catalog key, alias or nvidia-smi name in any case (`h100-sxm`, the lab's
     form), or AutoDetect=nvml's form, the NVML name lower-cased with spaces as `_` (`nvidia_h100_80gb_hbm3`,
@@ -226,10 +243,11 @@ def catalog_gpu(gres_type: str) -> str | None:
 
 
 def host_vars(node: SlurmNode) -> dict:
-    """The variables a node gives its host."""
+    """The variables a node gives its host. A node with MIG slices in its gres gets no hardware: the slices are not
+    its GPUs (a count of them would be the wrong expected GPU count)."""
     out: dict = {}
     kind, count = gpu_gres(node.gres)
-    if count:
+    if count and not mig_types(node.gres):
         model = catalog_gpu(kind) if kind else None
         out["hardware"] = {**({"gpu": model} if model else {}), "count": count}
     out.update(slurm_gres=node.gres, slurm_features=list(node.features), slurm_state=node.state_complete(),
@@ -242,7 +260,7 @@ def unmapped_types(nodes: list[SlurmNode]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for node in nodes:
         kind, count = gpu_gres(node.gres)
-        if count and kind and catalog_gpu(kind) is None:
+        if count and kind and catalog_gpu(kind) is None and not mig_types(node.gres):
             out.setdefault(kind, []).append(node.name)
     return out
 
@@ -259,12 +277,13 @@ def add_to_levels(doc: Located, levels: Levels, source: SlurmSource, nodes: list
             doc.error(("slurm", "partitions", i), f"sinfo --json on {_where(source)} lists no partition "
                                                   f"{name!r}{suggest(name, sorted(seen))}")
     wanted = set(source.partitions) if source.partitions is not None else seen
+    file_hosts = dict(levels.hosts)
     below: dict[str, Level] = {}
     for node in nodes:
         parts = [p for p in node.partitions if p in wanted]
         if not parts or not _node_name_ok(doc, node.name, source):
             continue
-        if not all(_partition_ok(doc, p, source) for p in parts):
+        if not all(_partition_ok(doc, p, source) for p in parts) or not _one_machine(doc, file_hosts, node, source):
             continue
         for part in parts:
             levels.groups.setdefault(part, Level(f"group:{part}", where))
@@ -274,10 +293,17 @@ def add_to_levels(doc: Located, levels: Levels, source: SlurmSource, nodes: list
         values = host_vars(node)
         if source.controller != LOCAL:   # rollout --drain slurm drains the node through this host
             values["scheduler"] = {"kind": "slurm", "controller": source.controller}
-        below[node.name] = Level("slurm", where, vars={k: (v, where) for k, v in values.items()})
+        settings = _address(doc, file_hosts.get(node.name), node, source)
+        below[node.name] = Level("slurm", where, settings=settings, vars={k: (v, where) for k, v in values.items()})
     for kind, names in unmapped_types([n for n in nodes if n.name in below]).items():
         doc.warn(where, f"gres type {show(kind)} ({', '.join(names)}) is not in gpuprov's catalog: those hosts get "
                         "hardware.count only; give their hardware.gpu in the file")
+    mig = {n.name: mig_types(n.gres) for n in nodes if n.name in below and mig_types(n.gres)}
+    if mig:
+        doc.warn(where, f"MIG slices in the gres of {', '.join(mig)} "
+                        f"({', '.join(sorted({t for types in mig.values() for t in types}))}): Slurm counts slices, "
+                        "not GPUs, so those hosts get no hardware.count; give their hardware.count (the physical "
+                        "GPUs) and hardware.gpu in the file")
     return below
 
 
@@ -288,6 +314,41 @@ def no_hosts_problem(source: SlurmSource, nodes: list[SlurmNode]) -> str:
         return f"no hosts: {where} lists no nodes, and the file lists no hosts"
     return (f"no hosts: {where} lists no nodes in {', '.join(source.partitions)} ({len(nodes)} node"
             f"{'s' if len(nodes) != 1 else ''} in all), and the file lists no hosts")
+
+
+def _address(doc: Located, file_host: Level | None, node: SlurmNode, source: SlurmSource) -> dict:
+    """The node's settings from Slurm: its NodeAddr as the address, where it is not the name. A NodeAddr that is no
+    host name or IP address is an error at `slurm:` unless the file gives the host an address."""
+    if not node.address or node.address == node.name:
+        return {}
+    if is_valid_address(node.address):
+        return {"address": (node.address, ("slurm",))}
+    if file_host is None or "address" not in file_host.settings:
+        doc.error(("slurm",), f"Slurm node {show(node.name)} (sinfo --json on {_where(source)}) has the NodeAddr "
+                              f"{show(node.address)}, which is not a host name or IP address: give the host's "
+                              "address: in the file", at_key=True)
+    return {}
+
+
+def _one_machine(doc: Located, file_hosts: dict[str, Level], node: SlurmNode, source: SlurmSource) -> bool:
+    """False, with an error at `slurm:`, when a file host of another name is this node: its address is the node's
+    NodeAddr or name, or its scheduler.node names it (the same machine would be two hosts)."""
+    for name, level in file_hosts.items():
+        if name == node.name:
+            continue
+        address = level.settings.get("address", (name, None))[0]
+        scheduler = level.vars.get("scheduler", ({}, None))[0]
+        if isinstance(scheduler, dict) and scheduler.get("node") == node.name:
+            why = f"its scheduler.node is {node.name}"
+        elif address in (node.name, node.address):
+            why = f"its address {address} is the node's {'NodeAddr' if address == node.address else 'name'}"
+        else:
+            continue
+        doc.error(("slurm",), f"Slurm node {show(node.name)} (sinfo --json on {_where(source)}) is the file's host "
+                              f"{name!r} ({why}): the same machine would be two hosts; name that host "
+                              f"{node.name!r} in the file", at_key=True)
+        return False
+    return True
 
 
 def _node_name_ok(doc: Located, name: str, source: SlurmSource) -> bool:

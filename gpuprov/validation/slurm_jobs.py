@@ -5,14 +5,20 @@ as root, as the SSH run does), so that a node busy with a job is validated once 
 The job writes the suite's stdout and stderr into root-owned files under the host's gpuprov folder; once it left the
 queue they are read back over the host's own SSH connection and parsed as an SSH run's output is. A job still
 PENDING past the start deadline is cancelled with `scancel --state=PENDING` (so a job that just started is never
-touched) and the host fails, naming the job and Slurm's pending reason (squeue's %r). On Ctrl-C (`interrupted`),
-our pending or running job is cancelled.
+touched) and the host fails, naming the job and Slurm's pending reason (squeue's %r); a job found in any other
+state than PENDING or CANCELLED after that scancel (CONFIGURING while a powered-down node boots, RUNNING, COMPLETING,
+SUSPENDED) started, and is waited for. On Ctrl-C (`interrupted`), our pending or running job is cancelled.
+
+sbatch is sent once, never again after a dropped link or a timeout (the first may have landed), with a comment of its
+own by which squeue finds the job when sbatch's answer was lost. A squeue that fails (slurmctld failing over) is asked
+again a few times with a growing pause; when it keeps failing, our job is cancelled and the error names it.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import secrets
 import shlex
 import threading
 import time
@@ -23,23 +29,28 @@ from gpuprov.core.controller import NODE_NAME
 from gpuprov.core.errors import GpuprovError, InputError, literal
 
 JOB_NAME = "gpuprov-validate"
+COMMENT_PREFIX = "gpuprov:"   # sbatch --comment: a token after it finds a job whose sbatch went unanswered
 DEFAULT_NICE = 10000          # below every job submitted with the default nice 0
 DEFAULT_START_DEADLINE = "30m"
 POLL_S = 2.0
 MAX_NICE = 2147483645         # Slurm's NICE_OFFSET - 3 (slurm.h): the largest --nice sbatch takes
 END_MARGIN_S = 120            # past the job's time limit, how long the job may take to leave the queue
+STATE_TRIES = 4               # squeue asked this many times before the job is given up (and cancelled)
+STATE_BACKOFF_S = 2.0         # the pause before the second try, doubled before each next one
 # a partition or QOS name: as a node name (no list, no option-like leading '-')
 NAME = NODE_NAME
 # squeue -o '%T|%r': the job's state in full, its reason (None while it runs)
 STATE_FORMAT = "%T|%r"
 ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
                    "DEADLINE", "OUT_OF_MEMORY", "REVOKED", "SPECIAL_EXIT"})
+NOT_STARTED = frozenset({"PENDING", "CANCELLED"})   # after `scancel --state=PENDING`: the job never ran
 _JOB_ID = re.compile(r"[0-9]{1,12}")
 _DURATION = re.compile(r"([0-9]{1,7})(s|m|min|h)?")
 _UNITS = {None: 1, "s": 1, "m": 60, "min": 60, "h": 3600}
 
-# run(argv, admin) on the Slurm controller -> (exit code, stdout, stderr): gpuprov.rollout.slurm.Runner
-Runner = Callable[[list[str], bool], tuple[int, str, str]]
+# run(argv, admin, retry=...) on the Slurm controller -> (exit code, stdout, stderr): ControllerRunner; retry=False
+# runs it once whatever happens to the link (sbatch)
+Runner = Callable[..., tuple[int, str, str]]
 
 
 @dataclass(frozen=True)
@@ -103,15 +114,16 @@ def sbatch_argv(node: str, command: str, *, output: str, error: str, seconds: fl
 
 
 def sbatch_multi_argv(nodes: list[str], script: str, *, output: str, seconds: float,
-                      options: SlurmOptions) -> list[str]:
+                      options: SlurmOptions, gpus: int = 0) -> list[str]:
     """sbatch for one exclusive allocation of `nodes` (the multi-node all-reduce): the batch script `script` runs on
-    the first of them, its output (both streams) in `output` there."""
+    the first of them, its output (both streams) in `output` there. `gpus`: each node's GPUs (--gres counts per
+    node), as sbatch_argv asks for them."""
     if len(nodes) < 2 or len(set(nodes)) != len(nodes):
         raise InputError(f"the all-reduce needs two or more different nodes, not {', '.join(nodes)}", step="validate")
     for node in nodes:
         if not NODE_NAME.fullmatch(node):
             raise InputError(f"node name {literal(node)!r} is not a plain Slurm node name", step="validate")
-    argv = sbatch_argv(nodes[0], script, output=output, error=output, seconds=seconds, options=options)
+    argv = sbatch_argv(nodes[0], script, output=output, error=output, seconds=seconds, options=options, gpus=gpus)
     argv[argv.index("-N") + 1] = str(len(nodes))
     argv[argv.index("-w") + 1] = ",".join(nodes)
     return argv
@@ -137,6 +149,14 @@ def parse_state(out: str) -> tuple[str, str] | None:
     return state, "" if reason == "None" else reason
 
 
+class _QueryFailed(Exception):
+    """squeue could not be asked, or failed: `error` says how (SlurmJob.state asks again)."""
+
+    def __init__(self, error: GpuprovError):
+        super().__init__(error.message)
+        self.error = error
+
+
 @dataclass
 class JobOutcome:
     """A validation job that left PENDING: its id, last state seen, how long it waited in the queue."""
@@ -157,7 +177,16 @@ class SlurmJob:
         self.job_id: str | None = None
 
     def submit(self, argv: list[str]) -> str:
-        rc, out, err = self._run(argv, True)
+        """sbatch `argv` with a comment no other job has (COMMENT_PREFIX and a random token), sent once: sent again
+        after a dropped link or a timeout, a first one that landed would be left an orphan. Without an answer, the
+        job with that comment is looked for and, when Slurm has it, taken as ours."""
+        comment = f"{COMMENT_PREFIX}{secrets.token_hex(8)}"
+        argv = [argv[0], f"--comment={comment}", *argv[1:]]
+        try:
+            rc, out, err = self._run(argv, True, retry=False)
+        except GpuprovError as exc:
+            self.job_id = self._landed(comment, argv, exc)
+            return self.job_id
         if rc != 0:
             raise self._error("sbatch refused the validation job", argv, rc, out, err,
                               "check the partition, QOS and node in sbatch's answer (sinfo -N -n NODE)")
@@ -167,14 +196,60 @@ class SlurmJob:
             raise self._error(str(exc), argv, rc, out, err, "check sbatch on the controller") from None
         return self.job_id
 
+    def _landed(self, comment: str, argv: list[str], failure: GpuprovError) -> str:
+        """The id of the job sbatch submitted with `comment` though its answer was lost; GpuprovError when squeue
+        does not list it (or cannot be asked)."""
+        lookup = ["squeue", "-h", "-t", "all", "-n", JOB_NAME, "-o", "%i|%k"]
+        try:
+            rc, out, _ = self._run(lookup, True)
+        except GpuprovError:
+            rc, out = 1, ""
+        for line in out.splitlines() if rc == 0 else []:
+            job, _, seen = line.strip().partition("|")
+            if seen == comment and _JOB_ID.fullmatch(job):
+                return job
+        raise GpuprovError(
+            f"sbatch got no answer on the Slurm controller {self.where} ({failure.message}), and no job with its "
+            f"comment {comment} is queued: it was not sent again", host=self.host, step="suite.slurm",
+            command=shlex.join(argv), output=failure.output,
+            hint=f"if it was queued after all, cancel it: squeue -n {JOB_NAME} -o '%i %k' shows it with comment "
+                 f"{comment} (scancel ID, on {self.where}); then validate this host again")
+
     def state(self) -> tuple[str, str] | None:
+        """The job's (state, reason), None once squeue no longer lists it; squeue asked again after a failure
+        (STATE_TRIES in all, pausing STATE_BACKOFF_S, doubled each time). When it keeps failing, the job is cancelled
+        (as far as scancel gets through) and the last error raised, naming the job."""
+        for attempt in range(1, STATE_TRIES + 1):
+            try:
+                return self._state()
+            except _QueryFailed as failed:
+                if attempt == STATE_TRIES:
+                    raise self._given_up(failed.error) from None
+                (self.sleep or self.stop.wait)(STATE_BACKOFF_S * 2 ** (attempt - 1))
+        raise AssertionError("unreachable")
+
+    def _given_up(self, error: GpuprovError) -> GpuprovError:
+        try:
+            self.cancel()
+            done = f"validation job {self.job_id} was cancelled (scancel {self.job_id})"
+        except GpuprovError:
+            done = f"cancelling it failed too: cancel it yourself (scancel {self.job_id} on {self.where})"
+        return GpuprovError(f"{error.message}, {STATE_TRIES} times: gpuprov stopped watching validation job "
+                            f"{self.job_id}", host=self.host, step="suite.slurm", command=error.command,
+                            output=error.output, hint=f"{done}; check that slurmctld answers: scontrol ping (on "
+                                                      f"{self.where}), then validate this host again")
+
+    def _state(self) -> tuple[str, str] | None:
         argv = ["squeue", "-h", "-j", str(self.job_id), "-t", "all", "-o", STATE_FORMAT]
-        rc, out, err = self._run(argv, True)
+        try:
+            rc, out, err = self._run(argv, True)
+        except GpuprovError as exc:   # the link to the controller (already reconnected once by the runner)
+            raise _QueryFailed(exc) from None
         if rc != 0:
             if "Invalid job id" in err + out:   # purged from slurmctld's memory: it ended
                 return None
-            raise self._error(f"squeue failed for job {self.job_id}", argv, rc, out, err,
-                              f"check that slurmctld answers: scontrol ping (on {self.where})")
+            raise _QueryFailed(self._error(f"squeue failed for job {self.job_id}", argv, rc, out, err,
+                                           f"check that slurmctld answers: scontrol ping (on {self.where})"))
         try:
             return parse_state(out)
         except ValueError as exc:
@@ -210,7 +285,9 @@ class SlurmJob:
             if state == "PENDING" and now - started >= start_deadline_s:
                 self.cancel(pending_only=True)
                 after = self.state()
-                if after is None or after[0] != "RUNNING":   # cancelled (or ended): it never ran
+                # gone, cancelled or still pending: it never ran. Any other state (CONFIGURING while its node boots,
+                # RUNNING, COMPLETING, SUSPENDED, or ended) means it started just before scancel: waited for
+                if after is None or after[0] in NOT_STARTED:
                     raise GpuprovError(
                         f"validation job {self.job_id} did not start within {int(start_deadline_s)} s on the Slurm "
                         f"controller {self.where}: Slurm's pending reason is {literal(reason or 'none')}; the job "

@@ -6,8 +6,13 @@ SLURM_LOCALID, the store at the first node of SLURM_JOB_NODELIST (`scontrol show
 What gpuprov.validation.multinode guarantees still holds: the workers run as the unprivileged gpuprov-validate
 (created over SSH first, with the worker file), and the store's port on the first node accepts connections only from
 the allocation's nodes (their cluster addresses) with an nftables table the batch script adds before srun and
-removes when it exits; a first node where nft fails stops the job before srun (fail closed). Each task's output goes
-to a root-owned file on its own node, read back over SSH; rank 0's result line is judged as multinode judges it.
+removes when it exits; a first node where nft fails stops the job before srun (fail closed). On GPU hosts the
+allocation asks for each node's GPUs (`--gres=gpu:N`) and the srun step for as many on each node as it starts tasks
+there (`--gres=gpu:N`, not --gpus-per-task, which binds each task to one GPU it then sees as device 0 while the worker
+takes device LOCAL_RANK): a cluster that confines devices (ConstrainDevices=yes) shows a job only the GPUs it was
+allocated, and a step gets by default only the GRES its job asked for, not those --exclusive gives it (srun(1),
+--gres). Each task's output goes to a root-owned file on its own node, read back over SSH; rank 0's result line is
+judged as multinode judges it.
 """
 
 from __future__ import annotations
@@ -87,6 +92,8 @@ def batch_script(members: list[Member], *, port: int, level: str, layout: Layout
     q = shlex.quote
     rules = firewall_rules(port, [m.node.cluster_address for m in members])
     tasks = members[0].node.nproc
+    gpus = gpus_per_node(members)
+    gres = f"--gres=gpu:{gpus} " if gpus else ""
     return "\n".join([
         'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         '[ "$first" = "$SLURMD_NODENAME" ] || { echo "gpuprov: the batch script runs on $SLURMD_NODENAME, not on '
@@ -94,9 +101,16 @@ def batch_script(members: list[Member], *, port: int, level: str, layout: Layout
         _case(members, lambda m: m.node.cluster_address, "first"), 'export GPUPROV_FIRST_ADDR="$v"',
         f'echo "{FIRST_MARK}$first $GPUPROV_FIRST_ADDR"',
         firewall_prefix(port, rules),
-        f"srun --kill-on-bad-exit=1 --ntasks-per-node={tasks} -N {len(members)} --export=ALL sh -c "
+        f"srun --kill-on-bad-exit=1 --ntasks-per-node={tasks} -N {len(members)} {gres}--export=ALL sh -c "
         + q(task_script(members, port=port, level=level, layout=layout, user=user)),
     ])
+
+
+def gpus_per_node(members: list[Member]) -> int:
+    """The GPUs the allocation asks for on each node: one per task on GPU hosts (same_tasks: the same on each), none
+    on CPU hosts."""
+    node = members[0].node
+    return node.nproc if node.device == "cuda" else 0
 
 
 def same_tasks(members: list[Member]) -> str | None:
@@ -148,7 +162,8 @@ def run_srun(members: list[Member], hosts: list, run_on, controller, options: Sl
     try:
         job_id = job.submit(sbatch_multi_argv([m.slurm_node for m in members],
                                               batch_script(members, port=port, level=level, layout=layout, user=user),
-                                              output=batch_output(layout), seconds=seconds, options=options))
+                                              output=batch_output(layout), seconds=seconds, options=options,
+                                              gpus=gpus_per_node(members)))
         summary["slurm"] = {"job_id": job_id, "nodes": [m.slurm_node for m in members], "controller": where}
         outcome = job.wait(options.start_deadline_s, seconds + END_MARGIN_S, options.poll_s)
     except GpuprovError as exc:

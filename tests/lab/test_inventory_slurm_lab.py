@@ -95,7 +95,8 @@ def test_a_file_with_only_the_controller_lists_slurm_s_nodes(cluster, env, tmp_p
     path.write_text(yaml.safe_dump(document))
     checked = invoke("inventory.check", "--inventory", str(path), env=env).stdout.splitlines()
     assert checked[1:] == [f"hosts: {CONTROLLER}, {', '.join(NODES)}", "groups: gpu"], checked
-    assert show(path, NODES[0], env)["address"] == NODES[0]      # the NodeName, as no address is given
+    # Slurm's NodeAddr (the lab writes each node's internal IP there), as the file gives no address
+    assert show(path, NODES[0], env)["address"] == cluster.host(NODES[0]).internal_ip
 
 
 def test_a_drained_node_shows_its_state_and_reason(cluster, env, tmp_path):

@@ -4,11 +4,13 @@ fake sinfo/scontrol that records every argv. Expected codes and texts are writte
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,18 @@ import json, os, sys
 with open(os.environ["FAKE_SLURM_LOG"], "a") as fh:
     fh.write(json.dumps([os.path.basename(sys.argv[0])] + sys.argv[1:]) + "\\n")
 if os.path.basename(sys.argv[0]) == "sinfo":
+    # FAKE_REASON_AT [n, node, reason]: an admin sets the node's reason just before the n-th sinfo call answers
+    change = json.loads(os.environ.get("FAKE_REASON_AT", "null"))
+    with open(os.environ["FAKE_SLURM_LOG"]) as fh:
+        calls = sum(1 for line in fh if line.startswith('["sinfo"'))
+    if change and calls == change[0]:
+        with open(os.environ["FAKE_SLURM_NODES"]) as fh:
+            rows = json.load(fh)
+        for row in rows:
+            if row[0] == change[1]:
+                row[4] = change[2]
+        with open(os.environ["FAKE_SLURM_NODES"], "w") as fh:
+            json.dump(rows, fh)
     if os.environ.get("FAKE_SINFO_FAIL") in sys.argv:
         print("slurm_load_partitions: Unable to contact slurm controller", file=sys.stderr)
         sys.exit(1)
@@ -116,14 +130,23 @@ class Host:
         path.write_text(text)
         self.env["FAKE_SMI_NVLINK"] = str(path)
 
-    def run(self, *args: str, python: str = sys.executable) -> subprocess.CompletedProcess:
+    def argv(self, *args: str, python: str = sys.executable) -> list[str]:
         argv = [python, str(self.program), "--state-dir", str(self.tmp / "state"), "--config",
                 str(self.tmp / "health.json"), "--boot-id-file", str(self.boot_id), *args]
         if "--settle" not in args:
             argv += ["--settle", "0"]
         if "--kernel-log" not in args:
             argv += ["--kernel-log", "none"]
-        return subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=60, check=False)
+        return argv
+
+    def run(self, *args: str, python: str = sys.executable, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(self.argv(*args, python=python), capture_output=True, text=True, env=self.env,
+                              timeout=60, check=False, cwd=cwd)
+
+    def popen(self, env: dict, *args: str) -> subprocess.Popen:
+        """The program started in the background with `env` added to the host's environment."""
+        return subprocess.Popen(self.argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**self.env, **env})
 
     def result(self, *args: str) -> tuple[int, dict]:
         done = self.run("--json", *args)
@@ -712,3 +735,222 @@ def test_journalctl_without_new_entries_is_no_failure(host, rc, stderr, xid):
     (host.bin / "journalctl").chmod(0o755)
     rc_, result = host.result("--kernel-log", "journal")
     assert result["checks"]["xid"].startswith(xid)
+
+
+# --- the deep check's faults are kept; runs at the same time take turns ----------------------------------------
+
+@pytest.mark.parametrize("clear", ["reboot", "--clear-faults", "--clear-xids"])
+def test_a_deep_check_drain_is_not_lifted_by_the_next_routine_run(host, clear):
+    diag(host, "Fail")
+    cluster(host, partition(4))
+    host.env.update(SLURM_JOB_EXIT_CODE2="1:0", SLURMD_NODENAME="gpu01")
+    assert host.run("--epilog").returncode == 0
+    del host.env["SLURM_JOB_EXIT_CODE2"]
+    # HealthCheckProgram's run: no dcgmi diag, yet the Epilog's fault still counts, so the drain stays
+    rc, result = host.result("--slurm")
+    assert rc == 0 and ("DCGM_DIAG_FAILED", "GPU 0", "HARDWARE_INSPECTION", "fatal",
+                        "dcgmi diag -r 1: software failed") in found(result)
+    assert result["checks"]["dcgm_diag"] == "fail" and result["slurm"]["drained_by_gpuprov"] is True
+    assert (host.tmp / "dcgmi.log").read_text() == "dcgmi diag -r 1 -j\n"   # the routine run did not run it
+    assert [c[3] for c in host.calls("scontrol")] == ["state=drain"]
+    # after a reboot (a new boot id) or a clear, the fault is forgotten and the drain lifted
+    if clear == "reboot":
+        host.boot_id.write_text("boot-2\n")
+    rc, result = host.result("--slurm", *([] if clear == "reboot" else [clear]))
+    assert result["ok"] is True and [c[3] for c in host.calls("scontrol")] == ["state=drain", "state=resume"]
+
+
+FAKE_JOURNALCTL = """#!/bin/sh
+# journalctl -k ... --cursor-file=F as the program calls it: prints FAKE_JOURNAL_OUT, writes FAKE_JOURNAL_CURSOR to F
+for arg in "$@"; do case "$arg" in --cursor-file=*) cursor="${arg#--cursor-file=}";; esac; done
+if [ -n "$FAKE_JOURNAL_MARK" ]; then : > "$FAKE_JOURNAL_MARK"; fi
+while [ -n "$FAKE_JOURNAL_GATE" ] && [ ! -e "$FAKE_JOURNAL_GATE" ]; do sleep 0.05; done
+if [ -n "$FAKE_JOURNAL_BREAK" ]; then rm -f "$FAKE_JOURNAL_BREAK"; mkdir -p "$FAKE_JOURNAL_BREAK/x"; fi
+cat "$FAKE_JOURNAL_OUT"
+printf %s "${FAKE_JOURNAL_CURSOR:-moved}" > "$cursor"
+"""
+XID_79 = "NVRM: Xid (PCI:0000:9b:00): 79, pid=0, GPU has fallen off the bus.\n"
+
+
+def journal(host: Host, text: str = "") -> None:
+    """journalctl answers `text` (the new kernel messages)."""
+    (host.bin / "journalctl").write_text(FAKE_JOURNALCTL)
+    (host.bin / "journalctl").chmod(0o755)
+    (host.tmp / "journal.txt").write_text(text)
+    host.env["FAKE_JOURNAL_OUT"] = str(host.tmp / "journal.txt")
+
+
+def wait_for(path: Path) -> None:
+    for _ in range(600):
+        if path.exists():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{path} did not appear")
+
+
+def test_two_runs_at_once_take_turns_so_no_xid_is_forgotten(host):
+    journal(host)
+    (host.tmp / "xid.txt").write_text(XID_79)
+    # run B (HealthCheckProgram) finds nothing new and is held inside journalctl; run A (an Epilog) finds Xid 79
+    b = host.popen({"FAKE_JOURNAL_GATE": str(host.tmp / "go"), "FAKE_JOURNAL_MARK": str(host.tmp / "b-in")},
+                   "--kernel-log", "journal")
+    wait_for(host.tmp / "b-in")
+    a = host.popen({"FAKE_JOURNAL_OUT": str(host.tmp / "xid.txt")}, "--kernel-log", "journal")
+    with contextlib.suppress(subprocess.TimeoutExpired):   # without the lock A ends here, its Xid saved, and B
+        a.wait(timeout=3)                                  # then saves over it; with the lock A waits for B
+    (host.tmp / "go").touch()
+    assert b.wait(timeout=60) == 0 and a.wait(timeout=60) == 1
+    b.communicate()
+    a.communicate()
+    rc, result = host.result("--kernel-log", "journal")
+    assert rc == 1 and [f["code"] for f in result["faults"] if f["code"].startswith("XID")] == ["XID_79"]
+
+
+def test_a_run_that_cannot_take_the_lock_says_so_and_reads_no_log(host):
+    import fcntl
+
+    journal(host, XID_79)
+    (host.tmp / "state").mkdir()
+    with open(host.tmp / "state" / "lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        rc, result = host.result("--kernel-log", "journal", "--timeout", "0.2")
+    assert rc == 2 and ("STATE_FAILED", "") in [(f["code"], f["gpu"]) for f in result["faults"]]
+    assert "locked by another run" in result["checks"]["xid"]
+    assert not (host.tmp / "state" / "journal.cursor").exists()
+
+
+# --- files: the textfile folder, modes, a state that cannot be saved -----------------------------------------------
+
+@pytest.mark.parametrize(("setup", "message"), [
+    ("mode", "writable by group or others (mode 0777): refused"),
+    ("owner", "owned by uid 4242, not root: refused"),
+    ("link", "not a folder (a symbolic link)"),
+])
+def test_textfile_dir_that_is_not_roots_alone_is_refused(host, setup, message):
+    real = host.tmp / "textfile"
+    real.mkdir()
+    out = real
+    if setup == "mode":
+        real.chmod(0o777)
+    elif setup == "owner":
+        if os.geteuid() != 0:
+            pytest.skip("chown needs root")
+        os.chown(real, 4242, 4242)
+    else:
+        out = host.tmp / "link"
+        out.symlink_to(real)
+    done = host.run("--textfile-dir", str(out))
+    assert done.returncode == 2 and f"gpuprov-health: textfile dir {out}: {message}" in done.stderr
+    assert "Traceback" not in done.stderr and list(real.iterdir()) == []
+    assert (host.tmp / "state" / "last.json").exists()   # the rest of the run's results are still kept
+
+
+def test_textfile_that_cannot_be_written_is_a_problem_not_a_traceback(host):
+    out = host.tmp / "textfile"
+    (out / "gpuprov_health.prom" / "x").mkdir(parents=True)   # the target is a folder: the rename fails
+    done = host.run("--textfile-dir", str(out))
+    assert done.returncode == 2 and f"gpuprov-health: textfile dir {out}: " in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_write_atomic_sets_the_mode_on_the_open_file_not_by_path(tmp_path, monkeypatch):
+    def by_path(*args, **kwargs):
+        raise AssertionError("os.chmod by path follows a link put in the file's place")
+
+    monkeypatch.setattr(os, "chmod", by_path)
+    os.umask(old := os.umask(0o077))
+    try:
+        check_module().write_atomic(str(tmp_path / "f"), "x\n")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "f").read_text() == "x\n" and (tmp_path / "f").stat().st_mode & 0o777 == 0o644
+
+
+def test_a_state_that_cannot_be_saved_still_drains_and_keeps_the_journal_position(host):
+    journal(host)
+    host.env["FAKE_JOURNAL_CURSOR"] = "c1"
+    assert host.run("--kernel-log", "journal").returncode == 0
+    assert (host.tmp / "state" / "journal.cursor").read_text() == "c1"
+    # the next run finds Xid 79; while it reads the journal the state file becomes unwritable (a folder in its place)
+    journal(host, XID_79)
+    cluster(host, partition(4))
+    host.env.update(FAKE_JOURNAL_CURSOR="c2", FAKE_JOURNAL_BREAK=str(host.tmp / "state" / "state.json"))
+    done = host.run("--json", "--kernel-log", "journal", "--slurm", "--node", "gpu01")
+    result = json.loads(done.stdout)
+    assert done.returncode == 2 and f"gpuprov-health: state dir {host.tmp / 'state'}: " in done.stderr
+    assert [f["code"] for f in result["faults"]] == ["PERSISTENCE_OFF", "XID_79", "STATE_FAILED"]
+    assert [c[3:] for c in host.calls("scontrol")] == [
+        ["state=drain", "reason=gpuprov:XID_79 Xid 79: pid=0, GPU has fallen off the bus. 0000:9b:00"]]
+    # the journal position did not move past the Xid that was not saved: the next run reads it again
+    assert (host.tmp / "state" / "journal.cursor").read_text() == "c1"
+
+
+def test_a_gpuprov_drain_is_not_lifted_while_the_state_cannot_be_read(host):
+    rows = partition(4)
+    rows[0][2:] = ["idle+drain", "2026-12-03T09:00:00", "gpuprov:XID_79 Xid 79"]
+    cluster(host, rows)
+    (host.tmp / "state" / "state.json" / "x").mkdir(parents=True)
+    done = host.run("--json", "--slurm", "--node", "gpu01")
+    result = json.loads(done.stdout)
+    assert done.returncode == 2 and result["slurm"]["action"] == "none"
+    assert result["slurm"]["why"].startswith("not resumed: the state") and host.calls("scontrol") == []
+
+
+# --- the run's time limit and the breaker after a run that was stopped --------------------------------------------
+
+def test_no_drain_without_time_left_for_the_recount_and_a_resume(host):
+    # one partition: the drain, its recount, the reason read again and a resume, 5 s each (settle 0)
+    failing(host)
+    cluster(host, partition(4))
+    done = host.run("--json", "--slurm", "--node", "gpu01", "--run-limit", "1")
+    result = json.loads(done.stdout)
+    assert result["slurm"]["action"] == "held back" and result["slurm"]["held_back"] is True
+    assert result["slurm"]["why"].startswith("not drained: ") and "a drain needs 20 s" in result["slurm"]["why"]
+    assert host.calls("scontrol") == [] and "ALERT: drain of gpu01 held back: not drained" in done.stderr
+
+
+def test_a_drain_left_past_the_limit_by_a_stopped_run_is_given_up(host):
+    # gpu04 was drained at 09:00; a run on gpu01 drained it at 10:00:05 and was killed before its recount
+    failing(host)
+    rows = partition(4, drained_by_gpuprov=1)
+    rows[0][2:] = ["idle+drain", "2026-12-03T10:00:05", "gpuprov:PCIE_DEGRADED PCIe link x8 of x16"]
+    cluster(host, rows)
+    rc, result = host.result("--slurm", "--node", "gpu01")
+    assert result["slurm"]["action"] == "held back" and "gpu01 drained after gpu04" in result["slurm"]["why"]
+    assert host.calls("scontrol") == [["scontrol", "update", "nodename=gpu01", "state=resume"]]
+
+
+def test_a_drain_within_the_limit_stays_on_later_runs(host):
+    failing(host)
+    rows = partition(4, drained_by_gpuprov=1)
+    rows[0][2:] = ["idle+drain", "2026-12-03T08:00:00", "gpuprov:PCIE_DEGRADED PCIe link x8 of x16"]
+    cluster(host, rows)
+    rc, result = host.result("--slurm", "--node", "gpu01")
+    assert result["slurm"]["why"] == "already drained by gpuprov" and host.calls("scontrol") == []
+
+
+def test_the_reason_is_read_again_before_a_held_back_resume(host):
+    # as in the same-second race above, but an admin drains gpu02 for a fan between the recount and the resume
+    failing(host)
+    cluster(host, partition(4))
+    host.env.update(FAKE_PEER_DRAINS=json.dumps([["gpu01", "2026-12-03T10:00:05"]]),
+                    FAKE_REASON_AT=json.dumps([4, "gpu02", "bad fan"]))
+    rc, result = host.result("--slurm", "--node", "gpu02")
+    assert result["slurm"]["action"] == "none" and result["slurm"]["held_back"] is False
+    assert "no longer drained by gpuprov (reason 'bad fan')" in result["slurm"]["why"]
+    assert [c[3] for c in host.calls("scontrol")] == ["state=drain"]
+    assert [r for r in json.loads(host.nodes.read_text()) if r[0] == "gpu02"][0][4] == "bad fan"
+
+
+# --- commands are run by absolute path ----------------------------------------------------------------------------
+
+def test_an_empty_or_relative_path_entry_does_not_run_the_working_directory(host):
+    if shutil.which("nvidia-smi", path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"):
+        pytest.skip("a real nvidia-smi is installed")
+    trap = host.tmp / "nvidia-smi"
+    trap.write_text(f"#!/bin/sh\n: > {host.tmp / 'ran'}\n")
+    trap.chmod(0o755)
+    host.env["PATH"] = ":bin"   # empty: the working directory; "bin": host.tmp/bin, relative to it
+    done = host.run("--json", cwd=host.tmp)
+    assert not (host.tmp / "ran").exists()
+    assert [f["text"] for f in json.loads(done.stdout)["faults"]] == ["nvidia-smi -q -x: nvidia-smi: not found"]

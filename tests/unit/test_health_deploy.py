@@ -100,7 +100,7 @@ def test_slurm_conf_path_must_be_plain_and_absolute(path):
 
 
 def host(name: str = "gpu01", **variables) -> SimpleNamespace:
-    return SimpleNamespace(name=name, vars=variables)
+    return SimpleNamespace(name=name, address=name, vars=variables)
 
 
 @pytest.mark.parametrize(("hardware", "expected_gpus", "nvlink"), [
@@ -149,3 +149,133 @@ def test_bad_options_exit_2_naming_the_option_before_any_host(args, message, tmp
                           timeout=120, check=False)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
+
+
+# -- the textfile folder: root's, as monitoring.deploy keeps it -----------------------------------------------------
+
+def node_plan(node, textfile_state: dict, family: str = "debian", conf: str = SLURM_CONF,
+              record: deploy.HealthRecord | None = None) -> list:
+    """The plan of health.deploy on `node` whose textfile folder is in `textfile_state` (stat's `%F %U:%G %a`)."""
+    record = record or deploy.HealthRecord(node.name)
+    record.facts_before = {"os": {"family": family}, "files": {"/etc/slurm/slurm.conf": conf},
+                           "health_probe": {"python3": "3.11"}, "textfile_dir": textfile_state}
+    job = deploy.HealthDeployJob(deploy.Options(), "ctl")
+    return job.plan(SimpleNamespace(host=node), record)
+
+
+def commands(changes: list) -> str:
+    return "\n".join(command for change in changes for command in change.commands)
+
+
+def test_a_textfile_folder_the_prometheus_user_owns_is_made_root_s_and_kept_so():
+    """Debian's prometheus-node-exporter gives /var/lib/prometheus (and the folder below) to the prometheus user."""
+    node = host("gpu01")
+    planned = commands(node_plan(node, {"folder": "directory prometheus:prometheus 755",
+                                        "package_dir": "directory prometheus:prometheus 755", "override": None}))
+    assert "dpkg-statoverride --add root root 0755 /var/lib/prometheus" in planned
+    assert "d=/var/lib/prometheus/node-exporter;" in planned
+    assert 'chown root:root "$d" && chmod 0755 "$d"' in planned
+    assert "mkdir -p -m 0755" not in planned
+
+
+def test_a_root_owned_textfile_folder_is_left_alone():
+    node = host("gpu01")
+    planned = commands(node_plan(node, {"folder": "directory root:root 755", "package_dir": "directory root:root 755",
+                                        "override": "root root 755 /var/lib/prometheus"}))
+    assert "dpkg-statoverride" not in planned and "d=/var/lib/prometheus/node-exporter;" not in planned
+
+
+def test_a_missing_textfile_folder_elsewhere_is_created_root_s():
+    node = host("gpu01", validate={"textfile_dir": "/srv/metrics"})
+    planned = commands(node_plan(node, {"folder": None, "package_dir": None, "override": None}, family="rhel"))
+    assert "d=/srv/metrics;" in planned and 'chown root:root "$d"' in planned
+    assert "dpkg-statoverride" not in planned
+
+
+@pytest.mark.parametrize("state", ["symbolic link root:root 777", "regular file root:root 644",
+                                   "directory root:root 1777"])
+def test_a_textfile_folder_gpuprov_may_not_own_is_refused_naming_host_and_path(state):
+    node = host("gpu01")
+    with pytest.raises(GpuprovError) as caught:
+        node_plan(node, {"folder": state, "package_dir": "directory root:root 755",
+                         "override": "root root 755 /var/lib/prometheus"})
+    assert caught.value.host == "gpu01"
+    assert "/var/lib/prometheus/node-exporter" in caught.value.message and state in caught.value.message
+    assert "validate.textfile_dir" in caught.value.hint
+
+
+# -- configless Slurm, a controller that is a node too, scontrol reconfigure only after every host --------------------
+
+ROOTS = {"folder": "directory root:root 755", "package_dir": "directory root:root 755",
+         "override": "root root 755 /var/lib/prometheus"}
+
+
+@pytest.mark.parametrize("line", ["SlurmctldParameters=enable_configless", "slurmctldparameters=idle_on_node_suspend,"
+                                  "enable_configless  # nodes fetch this file"])
+def test_configless_slurm_is_refused_on_the_controller(line):
+    record = deploy.HealthRecord("ctl", role="controller")
+    with pytest.raises(GpuprovError) as caught:
+        node_plan(host("ctl"), ROOTS, conf=SLURM_CONF + line + "\n", record=record)
+    assert caught.value.host == "ctl" and caught.value.step == "slurm.conf"
+    assert "configless" in caught.value.message and "enable_configless" in caught.value.message
+
+
+def test_a_commented_configless_setting_is_not_configless():
+    assert not deploy.configless(SLURM_CONF + "# SlurmctldParameters=enable_configless\n")
+    assert deploy.configless("SlurmctldParameters=enable_configless,reboot_from_controller\n")
+
+
+@pytest.mark.parametrize(("controller", "conf"), [
+    (host("ctl"), SLURM_CONF.replace("NodeName=gpu01 ", "NodeName=gpu01,ctl ")),
+    (host("ctl"), SLURM_CONF + "NodeName=ctl NodeAddr=10.0.0.3 CPUs=4 Gres=gpu:l40s:2 State=UNKNOWN\n"),
+    (host("ctl0"), SLURM_CONF.replace("NodeName=gpu01 ", "NodeName=gpu01,ctl[0-1] ")),
+    (host("ctl", slurm_state="idle"), SLURM_CONF),            # the inventory's slurm: source lists it
+])
+def test_a_controller_that_is_also_a_node_gets_the_program(controller, conf):
+    record = deploy.HealthRecord(controller.name, role="controller")
+    text = commands(node_plan(controller, ROOTS, conf=conf, record=record))
+    assert "/usr/local/sbin/gpuprov-health.gpuprov.tmp" in text
+    assert "/usr/local/sbin/gpuprov-health-epilog.gpuprov.tmp" in text
+    assert record.role == "controller+node"
+
+
+def test_a_controller_that_is_no_node_gets_the_block_only():
+    record = deploy.HealthRecord("ctl", role="controller")
+    changes = node_plan(host("ctl"), ROOTS, record=record)
+    assert [c.component for c in changes] == ["slurm.conf"] and record.role == "controller"
+
+
+def finished(monkeypatch, statuses: dict[str, str]) -> tuple[dict, list]:
+    """finish() after a run whose hosts ended in `statuses` (each changed its slurm.conf), and scontrol's calls."""
+    calls: list = []
+
+    class Runner:
+        def __call__(self, argv, admin=False):
+            calls.append(argv)
+            return 0, "", ""
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr("gpuprov.core.controller.controller_runner", lambda fleet, name: Runner())
+    job = deploy.HealthDeployJob(deploy.Options(), "ctl")
+    records, entries = [], []
+    for name, status in statuses.items():
+        record = deploy.HealthRecord(name, status=status, role="controller" if name == "ctl" else "node",
+                                     plan=[{"component": "slurm.conf"}])
+        records.append(None if status == "failed" else record)
+        entries.append(record.to_dict())
+    return job.finish(None, records, entries), calls
+
+
+def test_reconfigure_is_held_back_when_a_node_failed(monkeypatch):
+    result, calls = finished(monkeypatch, {"gpu01": "changed", "gpu02": "failed", "ctl": "changed"})
+    assert calls == []
+    assert result["reconfigure"].startswith("held back: health.deploy did not finish on gpu02")
+    job = deploy.HealthDeployJob(deploy.Options(), "ctl")
+    assert job.failing({"host": "ctl", "reconfigure": result["reconfigure"]})
+
+
+def test_reconfigure_runs_once_every_host_is_done(monkeypatch):
+    result, calls = finished(monkeypatch, {"gpu01": "changed", "gpu02": "unchanged", "ctl": "changed"})
+    assert calls == [["scontrol", "reconfigure"]] and result["reconfigure"] == "done"

@@ -59,12 +59,14 @@ def never(source, inventory):
 
 
 def test_the_lab_answer_parses_to_its_nodes():
-    one = SlurmNode(name="gpuprov-lab-01", partitions=("gpu",), features=(), gres="gpu:h100-sxm:8", state="idle")
+    one = SlurmNode(name="gpuprov-lab-01", partitions=("gpu",), features=(), gres="gpu:h100-sxm:8", state="idle",
+                    address="10.213.0.11")
     assert parse_sinfo_json(LAB) == [
-        one, SlurmNode(name="gpuprov-lab-02", partitions=("gpu",), features=(), gres="gpu:l40s:4", state="idle")]
+        one, SlurmNode(name="gpuprov-lab-02", partitions=("gpu",), features=(), gres="gpu:l40s:4", state="idle",
+                       address="10.213.0.12")]
     assert parse_sinfo_json(LAB_DRAINED) == [
         one, SlurmNode(name="gpuprov-lab-02", partitions=("gpu",), features=(), gres="gpu:l40s:4", state="idle",
-                       flags=("drain",), reason=RECORDED_REASON)]
+                       flags=("drain",), reason=RECORDED_REASON, address="10.213.0.12")]
 
 
 def test_the_data_parser_shape_of_later_slurm_is_read_too():
@@ -92,7 +94,9 @@ def test_the_lab_cluster_becomes_hosts_in_its_partition_group(tmp_path):
     assert list(inv.hosts) == ["ctl01", "gpuprov-lab-01", "gpuprov-lab-02"]
     assert inv.groups["gpu"].hosts == ("gpuprov-lab-01", "gpuprov-lab-02")
     one, two = inv.hosts["gpuprov-lab-01"], inv.hosts["gpuprov-lab-02"]
-    assert (one.address, one.user, one.port, one.groups) == ("gpuprov-lab-01", "ops", 22, ("gpu",))
+    # the address: the node's NodeAddr (the fixture's `address`), as the file gives none
+    assert (one.address, one.user, one.port, one.groups) == ("10.213.0.11", "ops", 22, ("gpu",))
+    assert (two.address, one.setting_sources["address"]) == ("10.213.0.12", "slurm")
     drained_through = {"kind": "slurm", "controller": "ctl01"}
     assert one.vars == {"hardware": {"gpu": "H100-SXM", "count": 8}, "slurm_gres": "gpu:h100-sxm:8",
                         "slurm_features": [], "slurm_state": "idle", "slurm_reason": "", "scheduler": drained_through}
@@ -288,7 +292,7 @@ def test_the_local_runner_runs_no_shell(monkeypatch):
 
 def _one_node(name: str, reason: str, partition: str = "gpu") -> str:
     node = json.loads(LAB)["nodes"][1]
-    node.update(name=name, reason=reason, partitions=[partition])
+    node.update(name=name, reason=reason, partitions=[partition], address=name)   # NodeAddr defaults to NodeName
     return json.dumps({"meta": {}, "errors": [], "nodes": [node]})
 
 
@@ -375,7 +379,10 @@ def test_a_slurm_only_inventory_runs_sinfo_here_and_lists_slurm_s_nodes(tmp_path
     inv = load_inventory(path)
     assert calls.read_text() == "--json\n"
     assert list(inv.hosts) == ["dgx-a01", "dgx-a02", "a40-07", "old-3", "login-1"]
-    assert {(h.user, h.port, h.address) for h in inv.hosts.values()} == {("ops", 2222, name) for name in inv.hosts}
+    assert {name: (h.user, h.port, h.address) for name, h in inv.hosts.items()} == {
+        "dgx-a01": ("ops", 2222, "10.20.0.1"), "dgx-a02": ("ops", 2222, "10.20.0.2"),
+        "a40-07": ("ops", 2222, "10.20.1.7"), "old-3": ("ops", 2222, "10.20.2.3"),
+        "login-1": ("ops", 2222, "10.20.3.1")}
     assert not any("scheduler" in h.vars for h in inv.hosts.values())    # `local` is no host to drain through
     assert inv.warnings == [f"{path}:1:1: slurm: gres type 'a40' (a40-07) is not in gpuprov's catalog: those hosts "
                             "get hardware.count only; give their hardware.gpu in the file"]
@@ -569,3 +576,81 @@ def test_a_node_whose_name_is_no_address_needs_one_in_the_file(tmp_path):
     fixed = write(tmp_path, "slurm: {controller: local}\nhosts:\n  '0': {address: 192.0.2.7}\n")
     inv = load_inventory(fixed, slurm=lambda source, inv: read_nodes(source, Controller(0, answer)))
     assert (inv.hosts["0"].address, inv.hosts["0"].groups) == ("192.0.2.7", ("gpu",))
+
+
+# -- MIG: a gres of MIG slices is no GPU count ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("gres", [
+    "gpu:nvidia_a100_3g.40gb:14(S:0-1)",          # AutoDetect=nvml: 2 A100s in 7 slices each
+    "gpu:3g.40gb:4,gpu:1g.10gb:6",                # gres.conf types named after the profiles
+    "gpu:nvidia_h100_80gb_hbm3_1g.10gb+me:2,gpu:nvidia_h100_80gb_hbm3:7",
+])
+def test_a_node_with_mig_slices_gets_no_gpu_count_and_a_located_warning(tmp_path, gres):
+    node = {**json.loads(LAB)["nodes"][0], "name": "mig-01", "gres": gres}
+    answer = json.dumps({"meta": {}, "errors": [], "nodes": [node]})
+    path = write(tmp_path, "slurm: {controller: local}\n")
+    inv = load_inventory(path, slurm=lambda source, inv: read_nodes(source, Controller(0, answer)))
+    assert "hardware" not in inv.hosts["mig-01"].vars
+    assert inv.hosts["mig-01"].vars["slurm_gres"] == gres
+    assert len(inv.warnings) == 1
+    assert inv.warnings[0].startswith(f"{path}:1:1: slurm: MIG slices in the gres of mig-01 (")
+    assert "give their hardware.count (the physical GPUs)" in inv.warnings[0]
+
+
+def test_a_gres_type_that_only_looks_like_memory_is_no_mig_slice():
+    assert slurm_source.mig_types("gpu:nvidia_h100_80gb_hbm3:8(S:0-1),gpu:a100-sxm4-80gb:2") == []
+    assert slurm_source.mig_types("gpu:nvidia_a100_3g.40gb:14,nvme:1") == ["nvidia_a100_3g.40gb"]
+
+
+# -- a node's address is its NodeAddr; a node the file lists under another name is refused --------------------------
+
+def test_a_file_host_with_the_node_s_address_under_another_name_is_refused(tmp_path):
+    path = write(tmp_path, """\
+        slurm: {controller: ctl01}
+        hosts:
+          ctl01: {address: 10.0.0.5}
+          dgx-a01-ib: {address: 10.20.0.1}
+        """)
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path, slurm=answering(MIXED))
+    assert info.value.errors == [f"{path}:1:1: slurm: Slurm node 'dgx-a01' (sinfo --json on ctl01) is the file's host "
+                                 "'dgx-a01-ib' (its address 10.20.0.1 is the node's NodeAddr): the same machine would "
+                                 "be two hosts; name that host 'dgx-a01' in the file"]
+
+
+def test_a_file_host_whose_scheduler_node_is_a_slurm_node_is_refused(tmp_path):
+    path = write(tmp_path, """\
+        slurm: {controller: ctl01}
+        hosts:
+          ctl01: {address: 10.0.0.5}
+          trainer-7:
+            address: 192.0.2.7
+            vars:
+              scheduler: {kind: slurm, controller: ctl01, node: old-3}
+        """)
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path, slurm=answering(MIXED))
+    assert info.value.errors == [f"{path}:1:1: slurm: Slurm node 'old-3' (sinfo --json on ctl01) is the file's host "
+                                 "'trainer-7' (its scheduler.node is old-3): the same machine would be two hosts; "
+                                 "name that host 'old-3' in the file"]
+
+
+def test_a_node_the_file_lists_by_its_name_keeps_the_file_s_address(tmp_path):
+    path = write(tmp_path, "slurm: {controller: ctl01}\nhosts:\n  ctl01: {address: 10.0.0.5}\n"
+                           "  dgx-a01: {address: 10.99.0.1}\n")
+    inv = load_inventory(path, slurm=answering(MIXED))
+    assert (inv.hosts["dgx-a01"].address, inv.hosts["dgx-a02"].address) == ("10.99.0.1", "10.20.0.2")
+
+
+def test_a_node_addr_that_is_no_address_is_a_located_error_unless_the_file_gives_one(tmp_path):
+    node = {**json.loads(LAB)["nodes"][0], "name": "gpu01", "address": "gpu01;reboot"}
+    answer = json.dumps({"meta": {}, "errors": [], "nodes": [node]})
+    path = write(tmp_path, "slurm: {controller: local}\n")
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path, slurm=lambda source, inv: read_nodes(source, Controller(0, answer)))
+    assert info.value.errors == [f"{path}:1:1: slurm: Slurm node 'gpu01' (sinfo --json on this machine) has the "
+                                 "NodeAddr 'gpu01;reboot', which is not a host name or IP address: give the host's "
+                                 "address: in the file"]
+    fixed = write(tmp_path, "slurm: {controller: local}\nhosts:\n  gpu01: {address: 192.0.2.9}\n")
+    inv = load_inventory(fixed, slurm=lambda source, inv: read_nodes(source, Controller(0, answer)))
+    assert inv.hosts["gpu01"].address == "192.0.2.9"

@@ -106,27 +106,39 @@ def test_squeue_state_and_pending_reason():
         parse_state("squeue: error: something\n")
 
 
-class FakeController:
-    """squeue answers scripted per call; scancel recorded (and ends a pending job as Slurm does)."""
+SOCKET_TIMEOUT = "squeue: error: slurm_load_jobs error: Socket timed out on send/recv operation\n"
 
-    def __init__(self, states: list[str], *, start_on_cancel: bool = False):
+
+class FakeController:
+    """squeue answers scripted per call; scancel recorded (and ends a pending job as Slurm does). `after_cancel`: the
+    states of a job that started just before `scancel --state=PENDING` (which leaves it alone); `squeue_failures`:
+    how many squeue calls fail first (slurmctld failing over), -1 for all of them."""
+
+    def __init__(self, states: list[str], *, start_on_cancel: bool = False, after_cancel: list[str] | None = None,
+                 squeue_failures: int = 0):
         self.states = list(states)
         self.calls: list[list[str]] = []
+        self.retries: dict[str, list[bool]] = {}
         self.cancelled = False
-        self.start_on_cancel = start_on_cancel
+        self.after_cancel = after_cancel or (["RUNNING|None", "COMPLETED|None"] if start_on_cancel else None)
+        self.squeue_failures = squeue_failures
 
-    def __call__(self, argv: list[str], admin: bool) -> tuple[int, str, str]:
+    def __call__(self, argv: list[str], admin: bool, *, retry: bool = True) -> tuple[int, str, str]:
         assert admin   # every command as root: with PrivateData=jobs another user's job is hidden
         self.calls.append(argv)
+        self.retries.setdefault(argv[0], []).append(retry)
         if argv[0] == "sbatch":
             return 0, "77\n", ""
         if argv[0] == "scancel":
-            if self.start_on_cancel:   # it started just before: --state=PENDING leaves it alone
-                self.states = ["RUNNING|None", "COMPLETED|None"]
+            if self.after_cancel and "--state=PENDING" in argv:
+                self.states = list(self.after_cancel)
             else:
                 self.cancelled = True
                 self.states = ["CANCELLED|ReqNodeNotAvail"]
             return 0, "", ""
+        if self.squeue_failures:
+            self.squeue_failures -= 1
+            return 1, "", SOCKET_TIMEOUT
         line = self.states.pop(0) if len(self.states) > 1 else self.states[0]
         return 0, line + "\n", ""
 
@@ -201,12 +213,14 @@ def test_a_running_job_past_its_limit_is_cancelled():
 
 
 def test_sbatch_refusal_is_an_error_with_its_answer():
-    def refuse(argv, admin):
+    def refuse(argv, admin, *, retry=True):
         return 1, "", "sbatch: error: Invalid qos specification\n"
 
     with pytest.raises(GpuprovError) as caught:
         SlurmJob(refuse, "ctl", "gpu-01").submit(["sbatch", "--qos", "nope"])
-    assert "Invalid qos specification" in caught.value.output and caught.value.command == "sbatch --qos nope"
+    words = shlex.split(caught.value.command)
+    assert "Invalid qos specification" in caught.value.output
+    assert words[0] == "sbatch" and words[-2:] == ["--qos", "nope"]
 
 
 # -- the multi-node all-reduce through srun --------------------------------------------------------------------
@@ -267,3 +281,139 @@ def test_a_keyboard_interrupt_while_waiting_cancels_the_job_and_goes_on():
     with pytest.raises(KeyboardInterrupt):
         job.wait(start_deadline_s=600, run_limit_s=900, poll_s=2)
     assert controller.calls[-1] == ["scancel", "77"]
+
+
+# -- review: GPUs in the allocation, sbatch sent once, a job that started, squeue failing over ------------------
+
+def gpu_members(count=4):
+    from gpuprov.validation.multinode import Node
+    from gpuprov.validation.srun import Member
+
+    return [Member(name, Node(f"inv-{name}", f"10.0.0.{i + 1}", count, "cuda", True))
+            for i, name in enumerate(("gpu-01", "gpu-02"))]
+
+
+def test_the_multi_node_allocation_asks_for_each_nodes_gpus_and_srun_for_them():
+    """--gres counts per node in sbatch and srun; by default a step gets the GRES its job asked for, except those an
+    exclusive job holds implicitly (srun(1), --gres). --gpus-per-task would bind each task to one GPU (it implies
+    --gpu-bind=per_task), where the worker takes device LOCAL_RANK."""
+    from gpuprov.validation.slurm_jobs import sbatch_multi_argv
+    from gpuprov.validation.srun import batch_script, run_srun
+
+    argv = sbatch_multi_argv(["gpu-01", "gpu-02"], "srun true", output=OUT, seconds=600, options=SlurmOptions(),
+                             gpus=8)
+    assert "--gres=gpu:8" in argv and argv[-2:] == ["--wrap", "srun true"]
+    script = batch_script(gpu_members(8), port=29400, level="quick")
+    assert "srun --kill-on-bad-exit=1 --ntasks-per-node=8 -N 2 --gres=gpu:8 " in script
+    assert "--gpus-per-task" not in script
+    assert "--gres" not in batch_script(members(), port=29400, level="quick")
+
+    controller = FakeController(["COMPLETED|None"])
+    run_srun(gpu_members(4), [], lambda hosts, work: [], (controller, "ctl"), SlurmOptions(poll_s=0), port=29400,
+             level="quick", stop=threading.Event())
+    sbatch = controller.calls[0]
+    assert sbatch[0] == "sbatch" and "--gres=gpu:4" in sbatch
+    assert "--ntasks-per-node=4 -N 2 --gres=gpu:4 " in sbatch[-1]
+
+
+def test_sbatch_is_sent_without_the_runners_retry_and_other_commands_with_it():
+    controller = FakeController(["RUNNING|None", "COMPLETED|None"])
+    job, _ = job_on(controller)
+    job.wait(start_deadline_s=10, run_limit_s=900, poll_s=2)
+    assert controller.retries["sbatch"] == [False]
+    assert set(controller.retries["squeue"]) == {True}
+
+
+class LostAnswer:
+    """A slow slurmctld: sbatch times out on the link, but the job was queued (`landed`) as 77 with its comment;
+    squeue -n lists it (and another gpuprov run's job)."""
+
+    def __init__(self, landed: bool):
+        self.landed, self.calls, self.comment = landed, [], None
+
+    def __call__(self, argv, admin, *, retry=True):
+        self.calls.append(argv)
+        if argv[0] == "sbatch":
+            self.comment = next(a.split("=", 1)[1] for a in argv if a.startswith("--comment="))
+            raise GpuprovError("command timed out after 60 s", host="ctl", command=shlex.join(argv))
+        if argv[0] == "squeue" and "-n" in argv:
+            ours = f"77|{self.comment}\n" if self.landed else ""
+            return 0, "12|gpuprov:0123456789abcdef\n" + ours, ""
+        return 0, "COMPLETED|None\n", ""
+
+
+def test_sbatch_without_an_answer_is_not_sent_again_and_its_job_found_by_its_comment():
+    controller = LostAnswer(landed=True)
+    job = SlurmJob(controller, "ctl", "gpu-01")
+    assert job.submit(["sbatch", "--parsable", "-J", "gpuprov-validate"]) == "77"
+    assert [c[0] for c in controller.calls].count("sbatch") == 1
+    lookup = controller.calls[1]
+    assert lookup[:1] == ["squeue"] and lookup[lookup.index("-n") + 1] == "gpuprov-validate"
+    assert job.wait(start_deadline_s=10, run_limit_s=900, poll_s=0).state == "COMPLETED"
+
+
+def test_sbatch_without_an_answer_and_no_job_queued_fails_naming_where_to_look():
+    controller = LostAnswer(landed=False)
+    with pytest.raises(GpuprovError) as caught:
+        SlurmJob(controller, "ctl", "gpu-01").submit(["sbatch", "--parsable", "-J", "gpuprov-validate"])
+    assert [c[0] for c in controller.calls] == ["sbatch", "squeue"]   # never sent again, nothing cancelled
+    assert caught.value.host == "gpu-01" and "timed out" in caught.value.message
+    assert controller.comment in caught.value.hint and "squeue -n gpuprov-validate" in caught.value.hint
+
+
+@pytest.mark.parametrize("started", ["CONFIGURING|None", "COMPLETING|None", "SUSPENDED|None", "RUNNING|None"])
+def test_a_job_that_left_pending_as_the_deadline_passed_is_waited_for(started):
+    controller = FakeController(["PENDING|Priority"], after_cancel=[started, started, "COMPLETED|None"])
+    job, _ = job_on(controller)
+    outcome = job.wait(start_deadline_s=10, run_limit_s=900, poll_s=2)
+    assert outcome.state == "COMPLETED"
+    assert [c for c in controller.calls if c[0] == "scancel"] == [["scancel", "--state=PENDING", "77"]]
+
+
+@pytest.mark.parametrize("after", ["PENDING|Priority", "CANCELLED|Priority", ""])
+def test_a_job_still_pending_cancelled_or_gone_after_scancel_never_started(after):
+    controller = FakeController(["PENDING|Priority"], after_cancel=[after])
+    job, _ = job_on(controller)
+    with pytest.raises(GpuprovError) as caught:
+        job.wait(start_deadline_s=10, run_limit_s=900, poll_s=2)
+    assert "did not start" in caught.value.message and "Priority" in caught.value.message
+
+
+def test_squeue_failing_for_a_moment_is_asked_again():
+    controller = FakeController(["RUNNING|None", "COMPLETED|None"], squeue_failures=2)
+    job, clock = job_on(controller)
+    assert job.wait(start_deadline_s=10, run_limit_s=900, poll_s=2).state == "COMPLETED"
+    assert not any(c[0] == "scancel" for c in controller.calls)
+    assert clock.now > 2   # it paused before asking again
+
+
+def test_squeue_failing_for_good_cancels_our_job_and_names_it():
+    controller = FakeController(["RUNNING|None"], squeue_failures=-1)
+    job, clock = job_on(controller)
+    with pytest.raises(GpuprovError) as caught:
+        job.wait(start_deadline_s=10, run_limit_s=900, poll_s=2)
+    squeues = [c for c in controller.calls if c[0] == "squeue"]
+    assert 2 <= len(squeues) <= 6   # a few tries, bounded
+    assert controller.calls[-1] == ["scancel", "77"]
+    assert "77" in caught.value.message and "scancel 77" in caught.value.hint
+    assert "Socket timed out" in caught.value.output and caught.value.host == "gpu-01"
+    assert clock.now < 120
+
+
+def test_a_controller_link_that_keeps_dropping_while_waiting_cancels_our_job():
+    calls = []
+
+    def run(argv, admin, *, retry=True):
+        calls.append(argv)
+        if argv[0] == "sbatch":
+            return 0, "77\n", ""
+        if argv[0] == "squeue":
+            raise GpuprovError("connection lost", host="ctl", command=shlex.join(argv))
+        return 0, "", ""
+
+    clock = Clock()
+    job = SlurmJob(run, "ctl", "gpu-01", clock=clock, sleep=clock.sleep)
+    job.submit(["sbatch"])
+    with pytest.raises(GpuprovError) as caught:
+        job.wait(start_deadline_s=10, run_limit_s=900, poll_s=2)
+    assert calls[-1] == ["scancel", "77"] and "77" in caught.value.hint
