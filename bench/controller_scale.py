@@ -206,6 +206,8 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="64,128")
+    parser.add_argument("--plot", action="store_true",
+                        help="draw the ratios as a PNG beside the JSON result (matplotlib; bench/plots.py)")
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
     with open(LOCK, "a") as lock:
@@ -271,6 +273,10 @@ def main() -> None:
                                "ratios": ratios, "runs": runs}, indent=1) + "\n",
                    encoding="utf-8")
     print(f"wrote {out}")
+    if args.plot:
+        from plots import plot_result
+
+        print(f"figure: {plot_result(out)}")
 
 
 if __name__ == "__main__":

@@ -5,11 +5,15 @@ For each size it measures:
 - the SSH exec requests gpuprov sends per host (counted at paramiko's Channel.exec_command, in-process);
 - plain ssh: one `ssh host sh -s < facts-script` process per host (the script names the managed files), all at
   once (the floor).
-It prints a table with the ratios gpuprov / ssh and 32 hosts / 1 host. Run by hand: `python bench/facts.py`.
+It prints a table with the ratios gpuprov / ssh and 32 hosts / 1 host and writes
+bench/results/facts-<UTC timestamp>.json. Run by hand: `python bench/facts.py [--plot]`.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import statistics
 import subprocess
 import sys
@@ -81,6 +85,10 @@ def plain_ssh(inventory, hosts: list[str]) -> float:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--plot", action="store_true",
+                        help="draw the ratios as a PNG beside the JSON result (matplotlib; bench/plots.py)")
+    args = parser.parse_args()
     import gpuprov.lab as lab
     from gpuprov.inventory import load_inventory
 
@@ -99,6 +107,18 @@ def main() -> None:
     for size, gp, ssh, per_host, answered in rows:
         print(f"{size:>5} {gp:>10.2f} {ssh:>8.2f} {gp / ssh:>12.2f} {gp / one:>10.2f} {per_host:>10}"
               + ("" if answered == size else f"  (only {answered} hosts counted)"))
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    out = ROOT / "bench" / "results" / f"facts-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"started_at": stamp, "cpus": os.cpu_count(), "repeat": REPEAT, "rows": [
+        {"hosts": size, "gpuprov_s": round(gp, 3), "ssh_s": round(ssh, 3), "exec_requests_per_host": per_host,
+         "hosts_counted": answered} for size, gp, ssh, per_host, answered in rows]}, indent=1) + "\n",
+        encoding="utf-8")
+    print(f"results: {out.relative_to(ROOT)}")
+    if args.plot:
+        from plots import plot_result
+
+        print(f"figure: {plot_result(out)}")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ bench/results/images-<UTC timestamp>.json.
 
 from __future__ import annotations
 
+import argparse
 import compileall
 import json
 import os
@@ -93,7 +94,12 @@ def load() -> float:
 
 
 def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else REPEAT
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("rounds", nargs="?", type=int, default=REPEAT, help=f"paired rounds (default {REPEAT})")
+    parser.add_argument("--plot", action="store_true",
+                        help="draw the ratios as a PNG beside the JSON result (matplotlib; bench/plots.py)")
+    args = parser.parse_args()
+    rounds = args.rounds
     if rounds < 5:
         raise SystemExit("give at least 5 rounds: the median of fewer paired ratios says little")
     from gpuprov.lab.engine import ensure_engine
@@ -132,6 +138,10 @@ def main() -> None:
                                "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
                                "rounds": rounds, "images": list(LAB_IMAGES), "results": results}, indent=2) + "\n")
     print(f"results: {out}")
+    if args.plot:
+        from plots import plot_result
+
+        print(f"figure: {plot_result(out)}")
 
 
 def measure(copy: Path, rounds: int = REPEAT) -> dict:

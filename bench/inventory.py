@@ -88,7 +88,10 @@ def measure(kind: str, path: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES), help="host counts, comma separated")
-    sizes = [int(s) for s in parser.parse_args().sizes.split(",")]
+    parser.add_argument("--plot", action="store_true",
+                        help="draw the ratios as a PNG beside the JSON result (matplotlib; bench/plots.py)")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpuprov-bench-inventory-") as folder:
         for size in sizes:
@@ -115,6 +118,10 @@ def main() -> None:
     out.write_text(json.dumps({"started_at": stamp, "machine": platform.platform(), "python": platform.python_version(),
                                "repeat": REPEAT, "results": rows, "targets": targets}, indent=2) + "\n")
     print(f"results: {out.relative_to(ROOT)}")
+    if args.plot:
+        from plots import plot_result
+
+        print(f"figure: {plot_result(out)}")
 
 
 if __name__ == "__main__":

@@ -423,6 +423,8 @@ def main() -> int:
                         "without it the hosts are recreated bare at the end")
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV,
                         help="virtual environment for ansible-core and pyinfra")
+    parser.add_argument("--plot", action="store_true",
+                        help="draw the ratios as a PNG beside the JSON result (matplotlib; bench/plots.py)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
@@ -478,6 +480,10 @@ def main() -> int:
         "results": {str(size): {tool: asdict(r) for tool, r in res.items()} for size, res in all_results.items()},
         "targets": [{"target": n, "pass": ok, "detail": d} for n, ok, d in checks]}, indent=2), encoding="utf-8")
     print(f"results: {out.relative_to(ROOT)}")
+    if args.plot:
+        from plots import plot_result
+
+        print(f"figure: {plot_result(out)}")
     return 0 if all(ok for _, ok, _ in checks) else 1
 
 

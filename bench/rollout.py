@@ -283,6 +283,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", default="80,150", help="seconds of each busy host's job, comma list (<= 4)")
     parser.add_argument("--repeat", type=int, default=1, help="rounds of both arms (order alternates)")
+    parser.add_argument("--plot", action="store_true",
+                        help="draw the ratios as a PNG beside the JSON result (matplotlib; bench/plots.py)")
     args = parser.parse_args()
     seconds = [int(s) for s in args.jobs.split(",") if s.strip()]
     if not 1 <= len(seconds) < HOSTS or min(seconds) < 1 or args.repeat < 1:
@@ -323,6 +325,10 @@ def main() -> int:
     path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(table(result))
     print(f"written {path.relative_to(ROOT)}")
+    if args.plot:
+        from plots import plot_result
+
+        print(f"figure: {plot_result(path)}")
     if os.environ.get("GPUPROV_KEEP_LAB") != "1":
         import gpuprov.lab
 

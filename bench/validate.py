@@ -112,6 +112,8 @@ def main() -> None:
     parser.add_argument("--profile", default="hgx-h100", help="the lab profile of the hosts (default hgx-h100)")
     parser.add_argument("--hosts", type=int, default=2, help="fresh lab hosts (default 2)")
     parser.add_argument("--repeat", type=int, default=REPEAT, help=f"measured warm runs (default {REPEAT})")
+    parser.add_argument("--plot", action="store_true",
+                        help="draw the ratios as a PNG beside the JSON result (matplotlib; bench/plots.py)")
     args = parser.parse_args()
 
     import gpuprov.lab as lab
@@ -199,6 +201,10 @@ def main() -> None:
         "cold_compiler": {name: entry["env"].get("compiler") for name, entry in cold.items()},
     }, indent=1) + "\n", encoding="utf-8")
     print(f"\nwritten: {out.relative_to(ROOT)}")
+    if args.plot:
+        from plots import plot_result
+
+        print(f"figure: {plot_result(out)}")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ class GpuModel:
     fp16_tflops: float | None
     mem_bw_gbs: int
     min_driver: str | None = None
+    hgx_gpus: int | None = None      # GPUs of its HGX/DGX baseboard whose NVSwitches are no PCI devices (gpus.yaml)
 
 
 @functools.cache
@@ -43,7 +44,8 @@ def models() -> dict[str, GpuModel]:
             compute_capability=str(row["compute_capability"]), memory_gib=row["memory_gib"],
             datacenter=bool(row["datacenter"]), form_factor=row["form_factor"],
             nvswitch_capable=bool(row["nvswitch_capable"]), bf16_tflops=row["bf16_tflops"],
-            fp16_tflops=row["fp16_tflops"], mem_bw_gbs=row["mem_bw_gbs"], min_driver=row.get("min_driver"))
+            fp16_tflops=row["fp16_tflops"], mem_bw_gbs=row["mem_bw_gbs"], min_driver=row.get("min_driver"),
+            hgx_gpus=row.get("hgx_gpus"))
     return out
 
 
@@ -80,6 +82,48 @@ def lookup(name: str) -> GpuModel:
         return models()[gpu_model(name)]
     except PinError as exc:
         raise InputError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The model a name resolved to, and the other catalog models the same name could mean (a family name such as
+    "A100" or "H100": every model with a spelling that continues it, "A100-PCIE-40GB", "H100-NVL")."""
+
+    name: str
+    model: GpuModel
+    alternatives: tuple[GpuModel, ...]
+
+    def warning(self) -> str | None:
+        """What to tell the user when the name was ambiguous, else None."""
+        if not self.alternatives:
+            return None
+        others = ", ".join(m.key for m in self.alternatives)
+        return (f"GPU {self.name.strip()!r} could mean several catalog models; gpuprov took {self.model.key} "
+                f"({_described(self.model)}). The others: {others}. Give the exact model to choose another "
+                f"(invoke stack.matrix --component gpus lists them)")
+
+
+def _described(model: GpuModel) -> str:
+    return f"{model.form_factor.upper()}, {model.memory_gib} GB"
+
+
+def _spelling(name: str) -> str:
+    """A spelling compared for ambiguity: case-folded, spaces and underscores as '-', no leading NVIDIA/Tesla."""
+    text = "-".join(name.strip().casefold().replace("_", " ").split())
+    for prefix in ("nvidia-", "tesla-"):
+        text = text.removeprefix(prefix)
+    return text
+
+
+def choose(name: str) -> Choice:
+    """The model `name` names (as lookup), with the other models it could mean: those with a key, alias or
+    nvidia-smi name that continues it after a '-' or a space ("A100" -> A100-PCIE-40GB, A100-SXM4-80GB, ...).
+    InputError for a name the catalog does not know."""
+    model = lookup(name)
+    stem = _spelling(name) + "-"
+    alternatives = tuple(other for other in models().values() if other.key != model.key and any(
+        _spelling(spelling).startswith(stem) for spelling in (other.key, *other.aliases, *other.names)))
+    return Choice(name=name, model=model, alternatives=alternatives)
 
 
 def by_pci_id(device_id: str) -> GpuModel | None:

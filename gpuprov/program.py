@@ -2,14 +2,21 @@
 
 Invoke's own program exits 1 on a bad command line and crashes on some bad config files; this one checks
 every config file and INVOKE_GPUPROV_* variable before Invoke reads them and turns a bad command line into
-one `error:` line and exit 2 (with --json, the JSON error document on stdout as well).
+one `error:` line and exit 2 (with --json or -j, the JSON error document on stdout as well). `TASK -h` prints the
+task's help, its options with the names of their values (`--group NAME`). Output into a pipe that closed early
+(`| head`) ends quietly with exit 141, as git's and coreutils' do: they die of SIGPIPE, which a shell reports as
+128 + 13 = 141, so `set -o pipefail` scripts see the same code from gpuprov as from them (Python ignores SIGPIPE
+and would print a BrokenPipeError traceback instead).
 """
 
 from __future__ import annotations
 
 import difflib
+import inspect
 import os
 import re
+import select
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -20,7 +27,9 @@ from gpuprov import __version__
 from gpuprov.core.config import ConfigError, check_sources, config_file
 from gpuprov.core.errors import InputError
 from gpuprov.tasks import namespace
-from gpuprov.tasks._common import report_error
+from gpuprov.tasks._common import SHORT_FLAGS, SWITCHES, metavar, report_error
+
+PIPE_CLOSED = 141   # 128 + SIGPIPE: what a shell reports for git or coreutils writing into a closed pipe
 
 
 class GpuprovProgram(Program):
@@ -44,16 +53,120 @@ class GpuprovProgram(Program):
         plainly(self, lambda: super(GpuprovProgram, self).parse_core(argv))
 
     def parse_tasks(self) -> None:
-        plainly(self, super().parse_tasks)
+        if not help_before_positional(self):
+            plainly(self, super().parse_tasks)
 
     def parse_cleanup(self) -> None:
         plainly(self, super().parse_cleanup)
 
+    def execute(self) -> None:
+        quiet_pipe(super().execute)
+
+    def print_task_help(self, name: str) -> None:
+        task_help(self, name)
+
+    def print_columns(self, tuples) -> None:
+        print_columns(self, tuples)
+
+
+def quiet_pipe(step) -> None:
+    """Run `step` and flush stdout; when stdout's reader went away (`| head`), point stdout at /dev/null (Python's
+    flush at exit would fail again) and exit PIPE_CLOSED, with no traceback. Another broken pipe (a subprocess's)
+    is raised."""
+    try:
+        try:
+            step()
+        finally:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        if not stdout_closed():
+            raise
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        raise Exit(code=PIPE_CLOSED) from None
+
+
+def stdout_closed() -> bool:
+    """Whether nobody reads stdout any more: a pipe or socket whose other end closed (poll says POLLERR/POLLHUP)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), 0)
+        return any(events & (select.POLLERR | select.POLLHUP) for _fd, events in poller.poll(0))
+    except (OSError, ValueError):   # stdout closed or replaced by something without a descriptor
+        return False
+
+
+def task_help(program: Program, name: str) -> None:
+    """`TASK -h` (or --help TASK): Invoke's layout, with each option's short flag (SHORT_FLAGS) and the name of
+    its value (metavar: `-g NAME, --group NAME`), the options sorted by their long name."""
+    print(f"Usage: {program.binary} [--core-opts] {name} [--options] [other tasks here ...]\n")
+    print("Docstring:")
+    docstring = inspect.getdoc(program.collection[name])
+    for line in (docstring or "none").splitlines():
+        print(program.leading_indent + line if line.strip() else "")
+    print("")
+    print("Options:")
+    rows = option_rows(program.parser.contexts[name])
+    if rows:
+        program.print_columns(rows)
+    else:
+        print(program.leading_indent + "none\n")
+
+
+def print_columns(program: Program, tuples) -> None:
+    """Invoke's two columns (flags, help) of --help and --list, wrapped at spaces only: Invoke's wrapper also
+    breaks at hyphens and through long words (`burn-` / `in`, `--no-` / `textfile`)."""
+    import textwrap
+
+    from invoke.terminals import pty_size
+
+    name_width = max(len(name) for name, _ in tuples)
+    indent, padding = program.leading_indent, program.col_padding
+    width = max(pty_size()[0] - name_width - program.leading_indent_width - padding - 1, 20)
+    wrapper = textwrap.TextWrapper(width=width, break_on_hyphens=False, break_long_words=False)
+    for name, help_text in tuples:
+        spec = f"{indent}{name}{' ' * (name_width - len(name) + padding)}"
+        chunks = wrapper.wrap(help_text or "")
+        print(spec + chunks[0] if chunks else spec.rstrip())
+        for chunk in chunks[1:]:
+            print(" " * len(spec) + chunk)
+    print("")
+
+
+def option_rows(context) -> list[tuple[str, str]]:
+    """(flags, help) of each option of a task's parser context, sorted by long name."""
+    arguments = {id(arg): arg for arg in context.flags.values()}.values()
+    rows = []
+    for arg in sorted(arguments, key=lambda arg: arg.names[0]):
+        long, short = arg.names[0], [name for name in arg.names[1:] if len(name) == 1]
+        if arg.kind is bool:
+            negated = f"--no-{long}" in context.inverse_flags
+            flags = [*(f"-{letter}" for letter in short), f"--[no-]{long}" if negated else f"--{long}"]
+        else:
+            value = f"[{metavar(long)}]" if arg.optional else metavar(long)
+            flags = [*(f"-{letter} {value}" for letter in short), f"--{long} {value}"]
+        rows.append((", ".join(flags), arg.help or ""))
+    return rows
+
+
+def help_before_positional(program: Program) -> bool:
+    """`TASK -h` (or --help) where TASK takes a positional argument (inventory.show's host): Invoke's parser would
+    take `-h` as that argument's value. Set up the task's help instead (parse_cleanup prints it); False otherwise."""
+    parser = program._make_parser()
+    tokens = list(program.core.unparsed)
+    for token, after in zip(tokens, tokens[1:], strict=False):
+        if after in ("-h", "--help") and token in parser.contexts and parser.contexts[token].positional_args:
+            program.parser = parser
+            program.args.help.value = token
+            return True
+    return False
+
 
 def plainly(program: Program, step) -> None:
-    """Run a parsing step of Invoke's; its errors become one line and exit 2."""
+    """Run a parsing step of Invoke's; its errors become one line and exit 2 (a closed stdout: quiet_pipe)."""
     try:
-        step()
+        quiet_pipe(step)
     except ParseError as exc:
         _refuse(program, _parse_message(program, exc))
     except ValueError:  # Invoke casting the value of a flag whose default is a number
@@ -117,8 +230,17 @@ def _guess(name: str, choices: Iterable[str]) -> str:
 
 
 def wants_json(argv: list[str]) -> bool:
-    """Whether the command line asked for --json (read from the words, as it may not have parsed)."""
-    return "--json" in argv[1:]
+    """Whether the command line asked for --json or -j (read from the words, as it may not have parsed; -nj too:
+    short switches given together), before any `--` (what follows is a command's, images.run's)."""
+    words = argv[1:argv.index("--")] if "--" in argv else argv[1:]
+    switches = {SHORT_FLAGS[name] for name in SWITCHES}
+    for word in words:
+        if word == "--json":
+            return True
+        letters = word[1:] if word.startswith("-") and not word.startswith("--") else ""
+        if "j" in letters and set(letters[:letters.index("j")]) <= switches:
+            return True
+    return False
 
 
 def check_before_invoke(files: list[Path], argv: list[str]) -> None:
@@ -146,9 +268,12 @@ def _plain_task_parsing(program_class: type[Program]) -> None:
     GpuprovProgram does. Invoke offers no other hook between loading tasks.py and parsing its arguments."""
     if getattr(program_class, "_gpuprov_plain", False):
         return
-    parse_tasks, parse_cleanup = program_class.parse_tasks, program_class.parse_cleanup
-    program_class.parse_tasks = lambda self: plainly(self, lambda: parse_tasks(self))
+    parse_tasks, parse_cleanup, execute = program_class.parse_tasks, program_class.parse_cleanup, program_class.execute
+    program_class.parse_tasks = lambda self: help_before_positional(self) or plainly(self, lambda: parse_tasks(self))
     program_class.parse_cleanup = lambda self: plainly(self, lambda: parse_cleanup(self))
+    program_class.execute = lambda self: quiet_pipe(lambda: execute(self))
+    program_class.print_task_help = task_help
+    program_class.print_columns = print_columns
     program_class._gpuprov_plain = True
 
 

@@ -25,3 +25,13 @@ def own_secrets(monkeypatch):
 
     monkeypatch.setattr(secrets, "_values", set())
     monkeypatch.setattr(secrets, "_pattern", None)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Two queues for `pytest -n 2 --dist loadgroup` (the README's test command): the tests that use the Docker
+    engine (markers lab and docker, or a test's own xdist_group) in order on one worker, every other test on the
+    other. The lab's fleets then never run side by side, and the unit tests run while the lab waits on its hosts."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            engine = item.get_closest_marker("lab") or item.get_closest_marker("docker")
+            item.add_marker(pytest.mark.xdist_group("engine" if engine else "unit"))

@@ -30,6 +30,7 @@ DEFAULTS: dict = {
     "command_timeout": 1800,
     "confirm_timeout": 60,
     "known_hosts": "~/.ssh/known_hosts",
+    "ssh_config": "~/.ssh/config",
     "reports": "reports",
     "locks": "locks",
     "wheelhouse": "build/wheelhouse",
@@ -48,6 +49,7 @@ class _Kind:
     minimum: int | None = None  # None: a path
     maximum: int | None = None
     why: str = ""  # what the maximum protects
+    off: bool = False  # a path that '' or false turns off
 
 
 # gpuprov.inventory.checks.MAX_SECONDS, written out: importing it would load the inventory package with every task
@@ -56,6 +58,7 @@ MAX_CONNECT_TIMEOUT = 3600
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 MAX_CONFIRM_TIMEOUT = 86400
 _PATH = _Kind("a path (a non-empty string)")
+_OPTIONAL_PATH = _Kind("a path, or '' or false for none", off=True)
 KINDS: dict[str, _Kind] = {
     "inventory": _PATH,
     "parallel": _Kind("a whole number >= 1", 1, 4096, "a thread and an SSH connection each"),
@@ -67,6 +70,7 @@ KINDS: dict[str, _Kind] = {
     "confirm_timeout": _Kind("a whole number of seconds >= 15", 15, MAX_CONFIRM_TIMEOUT,
                              "a day: the firewall guard's revert timer should fire while someone still waits"),
     "known_hosts": _PATH,
+    "ssh_config": _OPTIONAL_PATH,
     "reports": _PATH,
     "locks": _PATH,
     "wheelhouse": _PATH,
@@ -84,6 +88,7 @@ class GpuprovConfig:
     command_timeout: int
     confirm_timeout: int
     known_hosts: Path
+    ssh_config: Path | None   # OpenSSH's client config (gpuprov.inventory.ssh_config); None: turned off
     reports: Path
     locks: Path
     wheelhouse: Path
@@ -112,12 +117,12 @@ def settings(c) -> GpuprovConfig:
     if errors:
         raise ConfigError(errors)
     values = {key: section.get(key, default) for key, default in DEFAULTS.items()}
-    return GpuprovConfig(**{key: _expand(value) if KINDS[key] is _PATH else value for key, value in values.items()})
+    return GpuprovConfig(**{key: _value(KINDS[key], value) for key, value in values.items()})
 
 
-def path_setting(c, key: str) -> Path:
-    """One validated path setting (inventory, known_hosts, reports, locks, wheelhouse), `~` and $VARS
-    expanded."""
+def path_setting(c, key: str) -> Path | None:
+    """One validated path setting (inventory, known_hosts, ssh_config, reports, locks, wheelhouse), `~` and $VARS
+    expanded; None for ssh_config turned off."""
     return getattr(settings(c), key)
 
 
@@ -162,6 +167,8 @@ def source_errors(files: Iterable[Path], environ: Mapping[str, str]) -> list[str
 def _problem(key: str, value: Any) -> str | None:
     """Why a value cannot be the setting `key`, saying what it accepts; None when it can."""
     kind = KINDS[key]
+    if kind.off and (value is False or value == ""):
+        return None
     if kind.minimum is None and isinstance(value, str) and value.strip() != "":
         from gpuprov.inventory.checks import path_text_problem
 
@@ -211,6 +218,13 @@ def _merged_section(config) -> dict:
 
 def _expand(value: str) -> Path:
     return Path(os.path.expandvars(os.path.expanduser(value)))
+
+
+def _value(kind: _Kind, value: Any) -> Any:
+    """A checked setting as tasks use it: a path expanded (None for one turned off), a number as it is."""
+    if kind.minimum is not None:
+        return value
+    return None if kind.off and value in (False, "") else _expand(value)
 
 
 def _show(value: Any) -> str:

@@ -7,10 +7,12 @@ trust on first use was asked for explicitly (`--trust-new-hosts`); a changed or 
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
 import shlex
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +42,67 @@ class HostKeyError(GpuprovError):
 
 class ConnectError(GpuprovError):
     """The host could not be reached or refused authentication."""
+
+
+class KeyFileError(ConnectError):
+    """The identity file cannot be used: unreadable, not a private key, or protected by a passphrase. An
+    authentication error (exit 1, as a refused key is), never retried."""
+
+
+def load_private_key(path: str | Path, host_name: str):
+    """The paramiko key of a private key file in a format OpenSSH writes (OpenSSH, PEM from `-m PEM`, PKCS#8),
+    with its certificate `FILE-cert.pub` when there is one; KeyFileError saying what is wrong otherwise.
+
+    Given a file name, paramiko tries each key class in turn and keeps the last error, so a refused PEM key was
+    reported as `encountered EC key, expected OPENSSH key` and retried as a network error; and its readers take
+    no PKCS#8. The key is read once by `cryptography` (as PKey.from_path does) and handed to its paramiko class
+    in OpenSSH form."""
+    import paramiko
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+
+    path = Path(path).expanduser()
+
+    def refuse(problem: str, hint: str) -> KeyFileError:
+        return KeyFileError(f"identity file {path}: {problem}", host=host_name, step="connect", hint=hint)
+
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise refuse(f"cannot read it: {exc.strerror}",
+                     "check identity_file (the inventory's, or IdentityFile in the ssh_config) and that this user "
+                     "can read the file") from None
+    try:
+        try:
+            loaded = serialization.load_ssh_private_key(data, password=None)
+        except ValueError:
+            loaded = serialization.load_pem_private_key(data, password=None)
+    except TypeError:   # cryptography: the key is encrypted and no password was given
+        raise refuse("the key is protected by a passphrase, which gpuprov does not ask for",
+                     f"load it into ssh-agent (ssh-add {shlex.quote(str(path))}) and leave identity_file unset, so "
+                     "that the agent's keys are used; or give gpuprov a key of its own") from None
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise refuse(f"not a private key gpuprov can read ({reason})",
+                     "give identity_file a private key file (OpenSSH, PEM or PKCS#8), not its .pub half") from None
+    classes = ((rsa.RSAPrivateKey, paramiko.RSAKey), (ec.EllipticCurvePrivateKey, paramiko.ECDSAKey),
+               (ed25519.Ed25519PrivateKey, paramiko.Ed25519Key))
+    key_class = next((cls for kind, cls in classes if isinstance(loaded, kind)), None)
+    if key_class is None:
+        raise refuse(f"a {type(loaded).__name__.lstrip('_')} key, which gpuprov cannot use",
+                     "use an RSA, ECDSA or Ed25519 key")
+    text = loaded.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                serialization.NoEncryption()).decode()
+    key = key_class.from_private_key(io.StringIO(text))
+    certificate = Path(f"{path}-cert.pub")
+    if certificate.exists():
+        try:
+            key.load_certificate(str(certificate))
+        except (OSError, ValueError, paramiko.SSHException) as exc:
+            raise refuse(f"its certificate {certificate} cannot be used: {exc}",
+                         "renew the certificate, or move it away to log in with the key alone") from None
+    return key
 
 
 class SudoError(GpuprovError):
@@ -115,6 +178,18 @@ def _host_key_policy(known_hosts: KnownHosts, trust_new: bool, host_name: str):
                     f"(@revoked at {known_hosts.path}:{revoked.line})", host=host_name, step="connect",
                     hint="the host must present another key: find out why its key was revoked",
                 )
+            authority = known_hosts.cert_authority(hostname)
+            if authority is not None:
+                address, _, port = hostname.removeprefix("[").partition("]:")
+                scan = f"ssh-keyscan{f' -p {port}' if port else ''} {shlex.quote(address)}"
+                raise HostKeyError(
+                    f"{hostname} is trusted through a host certificate authority (@cert-authority at "
+                    f"{known_hosts.path}:{authority.line}), and gpuprov (paramiko) cannot verify host certificates: "
+                    f"its key {key.get_name()} {fingerprint} is not listed for it", host=host_name, step="connect",
+                    hint=f"add the host's own key to {known_hosts.path}: `{scan}`, check the fingerprint it prints "
+                         f"against the host's (ssh-keygen -lf on the host, or its certificate), then append that line "
+                         f"to the file; --trust-new-hosts does not apply to hosts a CA line covers",
+                )
             if not trust_new:
                 raise HostKeyError(
                     f"unknown host key {key.get_name()} {fingerprint} for {hostname}",
@@ -142,6 +217,8 @@ class HostConnection:
         self.jump = jump
         self._conn = None
         self._sudo_password: str | None = None
+        self._stop = threading.Event()   # set by stop_retrying (Ctrl-C), or close while opening: no retry
+        self._opening = False
 
     # -- connecting ---------------------------------------------------------------------------
     def _fabric_connection(self, host, gateway=None):
@@ -149,7 +226,7 @@ class HostConnection:
 
         connect_kwargs: dict = {"banner_timeout": self.connect_timeout, "auth_timeout": self.connect_timeout}
         if host.identity_file:
-            connect_kwargs.update(key_filename=[str(Path(host.identity_file).expanduser())],
+            connect_kwargs.update(pkey=load_private_key(host.identity_file, self.host.name),
                                   look_for_keys=False, allow_agent=False)
         config = Config(overrides={"load_ssh_configs": False}, lazy=True)
         conn = Connection(host.address, user=host.user, port=host.port, config=config, gateway=gateway,
@@ -162,14 +239,28 @@ class HostConnection:
 
     def open(self) -> HostConnection:
         """Connect (with bounded retries on network errors), through the jump host first when there is one:
-        an error names the hop that failed. Host key and auth errors are not retried."""
-        import paramiko
+        an error names the hop that failed. Host key, key file and auth errors are not retried, and nothing is
+        after Ctrl-C: KeyboardInterrupt (in the pause or in an attempt) goes up at once, and stop_retrying (what
+        a run calls for its worker threads' connections at the first Ctrl-C) ends it after the attempt in
+        flight."""
 
         if self._conn is not None and self._conn.is_connected:
             return self
+        self._opening = True
+        try:
+            return self._connect()
+        finally:
+            self._opening = False
+            self._stop.clear()   # a stop ends this open (or the next one, when it came between two)
+
+    def _connect(self) -> HostConnection:
+        import paramiko
+
         last: Exception | None = None
         hop = self.host
-        for attempt in range(self.retries + 1):
+        attempts = 0
+        while attempts <= self.retries and not (attempts and self._stop.is_set()):
+            attempts += 1
             gateway = conn = None
             try:
                 if self.jump:
@@ -194,6 +285,10 @@ class HostConnection:
                     hint=f"if {hop.name} was reinstalled, verify the new key out of band and remove the old "
                          f"entry: ssh-keygen -R {shlex.quote(name)} -f {shlex.quote(str(self.known_hosts.path))}",
                 ) from None
+            except KeyFileError as exc:
+                _close(conn, gateway)
+                exc.message = self._via(hop) + exc.message
+                raise
             except paramiko.AuthenticationException as exc:
                 _close(conn, gateway)
                 raise ConnectError(
@@ -204,14 +299,23 @@ class HostConnection:
             except (OSError, paramiko.SSHException, EOFError) as exc:
                 _close(conn, gateway)
                 last = exc
-                if attempt < self.retries:
-                    time.sleep(min(2.0, 0.5 * (attempt + 1)))
+                if attempts <= self.retries:
+                    self._stop.wait(min(2.0, 0.5 * attempts))
+            except BaseException:   # KeyboardInterrupt in an attempt: not retried, and nothing left open
+                _close(conn, gateway)
+                raise
+        stopped = " (Ctrl-C: not retried)" if attempts <= self.retries else ""
         raise ConnectError(
-            f"{self._via(hop)}cannot reach {hop.address}:{hop.port} after {self.retries + 1} attempts: "
+            f"{self._via(hop)}cannot reach {hop.address}:{hop.port} after {attempts} attempts{stopped}: "
             f"{type(last).__name__}: {last}", host=self.host.name, step="connect",
             hint=f"check that {hop.name} is up, its address and port"
                  + (", and the jump host" if self.jump and hop is self.host else ""),
         )
+
+    def stop_retrying(self) -> None:
+        """No new connect attempt: an open() in progress on another thread ends after the attempt in flight, with
+        that attempt's error. A run calls it for every connection in progress at the first Ctrl-C."""
+        self._stop.set()
 
     def fresh(self, *, connect_timeout: int | None = None, retries: int | None = None) -> HostConnection:
         """A new, unopened connection to the same host with the same settings and sudo password: its own TCP
@@ -245,6 +349,8 @@ class HostConnection:
         return f"jump host {hop.name}: " if hop is not self.host else ""
 
     def close(self) -> None:
+        if self._opening:   # from another thread (a second Ctrl-C): no further attempt
+            self._stop.set()
         if self._conn is not None:
             self._conn.close()
             if self._conn.gateway:

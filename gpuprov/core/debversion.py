@@ -1,63 +1,98 @@
-"""Debian package version ordering (dpkg's algorithm, Debian Policy 5.6.12), in pure Python."""
+"""Debian package version ordering through python-debian, after dpkg's own syntax checks (Debian Policy 5.6.12).
+
+python-debian orders versions as dpkg does but parses leniently (it takes `1.0-` and `a1.0`); `check` refuses
+every version dpkg calls "bad syntax", with dpkg's reason, so a version Debian rejects is never ordered.
+"""
 
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterable
 
+from debian.debian_support import version_compare
 
-def nearest(version: str, available: Iterable[str]) -> list[str]:
-    """The available versions just below and just above `version` in Debian ordering (one each at most)."""
-    ordered = sorted(set(available), key=functools.cmp_to_key(compare_versions))
-    below = [v for v in ordered if compare_versions(v, version) < 0][-1:]
-    above = [v for v in ordered if compare_versions(v, version) > 0][:1]
-    return below + above
+from gpuprov.core.errors import InputError, literal
+
+_EPOCH_MAX = 2**31 - 1   # dpkg: "epoch in version is too big" above INT_MAX
+_DIGITS = re.compile(r"[0-9]*")
+_UPSTREAM = re.compile(r"[A-Za-z0-9.+~:-]*")
+_REVISION = re.compile(r"[A-Za-z0-9.+~]*")
+
+
+class InvalidVersion(InputError):
+    """A version dpkg refuses (bad syntax); `reason` is dpkg's."""
+
+    def __init__(self, version: str, reason: str):
+        super().__init__(f"not a Debian version: '{literal(version)}' ({reason})",
+                         hint="write [epoch:]upstream[-revision]: upstream starts with a digit and holds letters, "
+                              "digits and . + ~ - (: after an epoch), the revision letters, digits and . + ~ "
+                              "(Debian Policy 5.6.12)")
+        self.version = version
+        self.reason = reason
+
+
+def problem(version: str) -> str | None:
+    """dpkg's reason for refusing `version` (its error or warning text), or None for a valid one."""
+    if not version:
+        return "version string is empty"
+    if any(char.isspace() for char in version):
+        return "version string has embedded spaces"
+    epoch, colon, rest = version.partition(":")
+    if colon:
+        digits = _DIGITS.match(epoch).group()
+        if not digits:
+            return "epoch in version is empty"
+        if digits != epoch:
+            return "epoch in version is not number"
+        if int(epoch) > _EPOCH_MAX:
+            return "epoch in version is too big"
+        if not rest:
+            return "nothing after colon in version number"
+    else:
+        rest = version
+    upstream, dash, revision = rest.rpartition("-")
+    if not dash:
+        upstream, revision = rest, None
+    if revision == "":
+        return "revision number is empty"
+    if not upstream:
+        return "version number is empty"
+    if not upstream[0].isascii() or not upstream[0].isdigit():
+        return "version number does not start with digit"
+    if not _UPSTREAM.fullmatch(upstream):
+        return "invalid character in version number"
+    if revision is not None and not _REVISION.fullmatch(revision):
+        return "invalid character in revision number"
+    return None
+
+
+def is_valid(version: str) -> bool:
+    """Whether dpkg takes `version` without complaint."""
+    return problem(version) is None
+
+
+def check(version: str) -> str:
+    """`version` itself, or InvalidVersion (bad input, exit 2) with dpkg's reason."""
+    reason = problem(version)
+    if reason is not None:
+        raise InvalidVersion(version, reason)
+    return version
 
 
 def compare_versions(a: str, b: str) -> int:
-    """dpkg's version ordering (Debian Policy 5.6.12): -1, 0 or 1 as `a` is lower than, equal to or higher
-    than `b`. `[epoch:]upstream[-revision]`; the epoch compares as a number, the rest part by part."""
-    (epoch_a, up_a, rev_a), (epoch_b, up_b, rev_b) = _split_version(a), _split_version(b)
-    result = (epoch_a > epoch_b) - (epoch_a < epoch_b) or _compare_part(up_a, up_b) or _compare_part(rev_a, rev_b)
+    """dpkg's version ordering: -1, 0 or 1 as `a` is lower than, equal to or higher than `b`. InvalidVersion
+    when either is not a Debian version."""
+    result = version_compare(check(a), check(b))
     return (result > 0) - (result < 0)
 
 
-def _split_version(version: str) -> tuple[int, str, str]:
-    epoch, colon, rest = version.partition(":")
-    if not colon:
-        epoch, rest = "0", version
-    upstream, dash, revision = rest.rpartition("-")
-    number = int(epoch) if epoch.isascii() and epoch.isdigit() else 0
-    return (number, upstream, revision) if dash else (number, rest, "")
-
-
-_DIGITS = frozenset("0123456789")
-
-
-def _order(char: str) -> int:
-    """dpkg's weight of a non-digit: `~` below the end of the string, letters next, then everything else."""
-    if char == "~":
-        return -1
-    if not char or char in _DIGITS:
-        return 0
-    return ord(char) if char.isascii() and char.isalpha() else ord(char) + 256
-
-
-def _compare_part(a: str, b: str) -> int:
-    """dpkg's verrevcmp: alternate non-digit runs (compared by weight) and digit runs (compared as numbers)."""
-    i = j = 0
-    while i < len(a) or j < len(b):
-        while (i < len(a) and a[i] not in _DIGITS) or (j < len(b) and b[j] not in _DIGITS):
-            ac, bc = _order(a[i] if i < len(a) else ""), _order(b[j] if j < len(b) else "")
-            if ac != bc:
-                return ac - bc
-            i, j = i + 1, j + 1
-        start_i, start_j = i, j
-        while i < len(a) and a[i] in _DIGITS:
-            i += 1
-        while j < len(b) and b[j] in _DIGITS:
-            j += 1
-        diff = int(a[start_i:i] or 0) - int(b[start_j:j] or 0)
-        if diff:
-            return diff
-    return 0
+def nearest(version: str, available: Iterable[str]) -> list[str]:
+    """The available versions just below and just above `version` in Debian ordering (one each at most).
+    `version` must be valid (InvalidVersion); available ones that are not (a repository's odd entry) cannot be
+    ordered and are left out."""
+    check(version)
+    ordered = sorted({v for v in available if is_valid(v)}, key=functools.cmp_to_key(compare_versions))
+    below = [v for v in ordered if compare_versions(v, version) < 0][-1:]
+    above = [v for v in ordered if compare_versions(v, version) > 0][:1]
+    return below + above

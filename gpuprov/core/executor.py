@@ -333,6 +333,9 @@ class _Run:
                         _abandon(self.running, self.live, self.outcomes)
                         break
                     self.interrupted = True
+                    for conn in list(self.live.values()):   # a host still connecting makes no further attempt
+                        if isinstance(conn, HostConnection):
+                            conn.stop_retrying()
                     if self.hooks.interrupted is not None:   # work in progress stops at its next safe point
                         self.hooks.interrupted()
                     print(f"interrupted: no new host starts; waiting for the hosts in progress "

@@ -7,8 +7,9 @@ an `InputError` (exit 2) as `FILE:LINE: known_hosts: message`.
 
 The format is OpenSSH's (sshd(8), "SSH_KNOWN_HOSTS FILE FORMAT"): `[@MARKER] HOSTS KEYTYPE KEY [COMMENT]`.
 HOSTS is a comma list of patterns (`*` and `?` wildcards, `!` negates, `[HOST]:PORT` for a port other than
-22) or one hashed name `|1|SALT|HASH` (`ssh-keygen -H`). `@revoked` keys are refused; `@cert-authority`
-lines are read and checked but not used (gpuprov verifies host keys, not host certificates). A key type
+22) or one hashed name `|1|SALT|HASH` (`ssh-keygen -H`). `@revoked` keys are refused. `@cert-authority`
+lines are read and checked, never trusted: paramiko cannot verify host certificates, so a host that only a CA line
+covers is refused, naming that line (gpuprov.core.connection), rather than trusted on first use. A key type
 paramiko cannot use (ssh-dss) is read and never matches.
 """
 
@@ -94,6 +95,10 @@ class KnownHosts:
         """The `@revoked` line that revokes `key` for `name`, or None."""
         return next((e for e in self.entries if e.marker == "@revoked" and e.key is not None
                      and e.key.asbytes() == key.asbytes() and e.matches(name)), None)
+
+    def cert_authority(self, name: str) -> Entry | None:
+        """The first `@cert-authority` line whose hosts include `name`, or None."""
+        return next((e for e in self.entries if e.marker == "@cert-authority" and e.matches(name)), None)
 
     def record(self, name: str, key) -> None:
         """Append `name KEYTYPE KEY` to the file (creating it; after a line break when the last line lacks one),

@@ -3,6 +3,9 @@ run writes into. Machine output lives with each task.
 
 Everything is printed literally: the console reads no rich markup (`[gpu01]`, `[host]:2222` and `[/]` are
 text), styles come from `styled`, and control characters in names are escaped (gpuprov.core.errors.literal).
+Every task prints through `console()`: the terminal's width on a terminal, PIPE_WIDTH columns in a pipe or a file
+(the same for every table of every task, whatever COLUMNS says), and tables made by `table()` never cut a word
+(a version pin) while another column can wrap, and fold rather than end in an ellipsis.
 """
 
 from __future__ import annotations
@@ -17,13 +20,37 @@ from pathlib import Path
 
 from gpuprov.core.errors import InputError, literal
 
+PIPE_WIDTH = 160        # columns of every table printed into a pipe or a file
+
 
 def console(stderr: bool = False):
-    """A rich console that prints text as it is: no markup, no highlighting."""
+    """The rich console every task prints through: text as it is (no markup, no highlighting), the terminal's
+    width on a terminal and PIPE_WIDTH otherwise. A closed pipe is left to the program (gpuprov.program.quiet_pipe:
+    exit 141, as for any other output), not to rich's own exit 1."""
     from rich.console import Console
 
+    class PipeConsole(Console):
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError
+
     stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, markup=False, highlight=False, width=None if stream.isatty() else 160)
+    return PipeConsole(stderr=stderr, markup=False, highlight=False, width=None if stream.isatty() else PIPE_WIDTH)
+
+
+def table(columns: list[str], rows: list[list], *, title: object = None, styles: dict[str, str] | None = None,
+          **options):
+    """A rich Table whose cells are printed literally (`styled`, the style of a cell's value from `styles`) and
+    whose columns never cut a word: rich narrows a column no further than its longest word while another can
+    wrap, and past that a column folds (every character kept) instead of ending in an ellipsis; `options` go to
+    Table (show_header, title_justify...)."""
+    from rich.table import Table
+
+    shown = Table(title=styled(title) if isinstance(title, str) else title, **options)
+    for column in columns:
+        shown.add_column(column, overflow="fold")
+    for row in rows:
+        shown.add_row(*(styled(value, (styles or {}).get(str(value))) for value in row))
+    return shown
 
 
 def styled(value: object, style: str | None = None):
@@ -108,21 +135,15 @@ def facts_rows(facts: dict) -> list[tuple[str, str]]:
 
 def facts_table(outcomes) -> None:
     """One table per host; failed hosts print their error."""
-    from rich.table import Table
-
     out = console()
     for outcome in outcomes:
         if not outcome.ok:
             out.print(styled(f"{outcome.host.name}: FAILED", "bold red"))
             out.print(f"{outcome.error}\n")
             continue
-        table = Table(title=styled(f"{outcome.host.name} ({outcome.host.address}:{outcome.host.port})"),
-                      show_header=False, title_justify="left")
-        table.add_column("fact", style="bold")
-        table.add_column("value")
-        for key, value in facts_rows(outcome.value):
-            table.add_row(key, styled(value))
-        out.print(table)
+        out.print(table(["fact", "value"], [list(row) for row in facts_rows(outcome.value)],
+                        title=f"{outcome.host.name} ({outcome.host.address}:{outcome.host.port})", show_header=False,
+                        title_justify="left"))
     failed = sum(1 for o in outcomes if not o.ok)
     print(f"{len(outcomes) - failed} hosts answered, {failed} failed", file=sys.stderr)
 
@@ -215,19 +236,12 @@ def _stamp() -> str:
 
 
 def summary_table(title: str, rows: list[dict], columns: list[str]) -> None:
-    """A rich table of dict rows."""
-    from rich.table import Table
-
+    """A table of dict rows (`table`: no word cut), the words of a status in their colour."""
     styles = {"failed": "bold red", "changed": "yellow", "planned": "cyan", "unchanged": "green",
               "fail": "bold red", "warn": "yellow", "pass": "green", "skip": "dim", "required": "bold yellow",
               "error": "bold red", "partial": "cyan"}
-    table = Table(title=styled(title), title_justify="left")
-    for column in columns:
-        table.add_column(column)
-    for row in rows:
-        cells = [str(row.get(column, "")) for column in columns]
-        table.add_row(*(styled(value, styles.get(value)) for value in cells))
-    console().print(table)
+    console().print(table(columns, [[str(row.get(column, "")) for column in columns] for row in rows], title=title,
+                          styles=styles, title_justify="left"))
 
 
 def check_folder(setting: str, path: str | Path, *, write: bool) -> bool:

@@ -5,12 +5,21 @@ applies (the batched apply by default), how it verifies, its table row. `run_fle
 alike: the executor over the selected hosts (in batches when asked), per-host progress, Ctrl-C (the report is still
 written, exit 130), the entry of a host whose work raised, the JSON report (with the run's `shard`: which of a
 sharded run's shards it is, null when unsharded), the tables and the exit code.
+
+Ctrl-C: the first starts no new host and waits for those in progress, the second closes their connections and
+stops waiting (gpuprov.core.executor); the report is written either way. Once a run was interrupted, the next
+Ctrl-C ends the process at once, quietly, with exit 130 (`_Ending`): a host that does not let go of its thread
+would otherwise keep the process in Python's exit, where a Ctrl-C prints a traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,14 +188,128 @@ class Fleet:
     quiet: bool = False                # --json: no progress, one JSON document on stdout
     on_event: Callable[[Any, str], None] = field(default=lambda host, event: None)
     shard: dict | None = None          # --shard K/N: gpuprov.core.shards.shard_record, the report's `shard`
+    verbose: bool = False              # -v: each command run on a host is printed on stderr (echoing)
+    terse: bool = False                # -q: only the failed hosts' details above the summary table
 
     def run(self, hosts: list, work: Callable, hooks=None) -> list:
         """`work(conn)` on `hosts` with the run's settings (batches and `hooks` included): the executor's outcomes.
         A job's follow-up runs use it too."""
         from gpuprov.core.executor import run_on_hosts
 
+        if self.verbose:
+            work = _echoing_work(work)
         return run_on_hosts(hosts, work, self.settings, jump_of=self.inventory.jump_host, on_event=self.on_event,
                             hooks=hooks)
+
+
+def _echoing_work(work: Callable) -> Callable:
+    return lambda conn: work(echoing(conn))
+
+
+_ECHO_LOCK = threading.Lock()
+ECHO_LIMIT = 400   # characters of a command shown by -v (the rest is counted, not shown)
+
+
+def _echo(text: str) -> None:
+    from gpuprov.core.report import console, styled
+    from gpuprov.core.secrets import mask
+
+    with _ECHO_LOCK:
+        console(stderr=True).print(styled(mask(text), "dim"), soft_wrap=True)
+
+
+class Echoing:
+    """A host connection that prints each command it runs, then its exit status and time, on stderr (-v/--verbose):
+    masked (gpuprov.core.secrets), control characters escaped, a long command cut at ECHO_LIMIT characters."""
+
+    def __init__(self, conn):
+        self._conn = conn
+
+    def __getattr__(self, name: str):
+        return getattr(self._conn, name)
+
+    def run(self, command: str, **kwargs):
+        from gpuprov.core.secrets import mask
+
+        name = literal(self._conn.host.name)
+        shown = literal(mask(command))
+        if len(shown) > ECHO_LIMIT:
+            shown = f"{shown[:ECHO_LIMIT]}... ({len(shown) - ECHO_LIMIT} more characters)"
+        stdin = kwargs.get("stdin")
+        extra = (" (as root)" if kwargs.get("sudo") else "") + (
+            f" (stdin: {len(stdin.splitlines())} lines)" if stdin else "")
+        _echo(f"{name}: $ {shown}{extra}")
+        try:
+            result = self._conn.run(command, **kwargs)
+        except GpuprovError as exc:
+            _echo(f"{name}: failed: {literal(exc.message.splitlines()[0] if exc.message else type(exc).__name__)}")
+            raise
+        _echo(f"{name}: exit {result.rc} ({result.duration:.1f}s)")
+        return result
+
+    def fresh(self, **kwargs):
+        return Echoing(self._conn.fresh(**kwargs))
+
+    def open(self):
+        self._conn.open()
+        return self
+
+
+def echoing(conn):
+    """`conn` printing each command it runs (Echoing), for -v/--verbose."""
+    return conn if isinstance(conn, Echoing) else Echoing(conn)
+
+
+class _Ending:
+    """Installed once a run was interrupted: the next Ctrl-C ends the process at once, with one line on stderr and
+    exit 130 (os._exit: threads of hosts still in progress are not waited for). A Ctrl-C while the report is being
+    written waits for the write (milliseconds of local I/O) so that the report is never left half written. Only in
+    the main thread (where Python runs signal handlers); the handler before it is put back once no other thread
+    would keep the process from ending."""
+
+    def __init__(self):
+        self.writing = False
+        self.pending = False
+        self.previous = None
+        self.installed = False
+
+    def install(self) -> None:
+        if not self.installed and threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self.handle)
+            self.installed = True
+
+    def handle(self, signum, frame) -> None:
+        if self.writing:
+            self.pending = True
+            return
+        self.end()
+
+    def end(self, report: str = "") -> None:
+        print(f"interrupted again: exiting now{report}; hosts still in progress are left as they are",
+              file=sys.stderr)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(130)
+
+    @contextlib.contextmanager
+    def report(self) -> Iterator[None]:
+        """The report is written in here: a Ctrl-C meanwhile ends the process right after it."""
+        self.writing = True
+        try:
+            yield
+        finally:
+            self.writing = False
+            if self.pending:
+                self.end()
+
+    def release(self) -> None:
+        """Put the previous handler back when no thread would hold the process at its exit."""
+        others = [t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon
+                  and t.is_alive()]
+        if self.installed and not others:
+            signal.signal(signal.SIGINT, self.previous)
+            self.installed = False
 
 
 def error_line(entry: dict) -> str:
@@ -226,14 +349,18 @@ def run_fleet(fleet: Fleet, job: HostJob) -> int:
     from gpuprov.core.report import summary_table, write_json_report
 
     interrupted, stopped = False, None
+    ending = _Ending()
     try:
         outcomes = fleet.run(fleet.hosts, lambda conn: job.run_host(conn, lambda what: fleet.on_event(conn.host,
                                                                                                       what)),
                              hooks=job.hooks(fleet))
     except RunInterrupted as stop:
         outcomes, interrupted = stop.outcomes, True
+        ending.install()
     except HookError as exc:
         outcomes, stopped = exc.outcomes, exc
+    except KeyboardInterrupt:   # a Ctrl-C while the executor still handled the one before: nothing to report
+        ending.end(", without a report")
     records = [o.value if o.ok else None for o in outcomes]
     entries = [o.value.to_dict() if o.ok else failed_entry(job, o) for o in outcomes]
     extra = {}
@@ -242,21 +369,24 @@ def run_fleet(fleet: Fleet, job: HostJob) -> int:
             extra = job.finish(fleet, records, entries)
         except KeyboardInterrupt:   # Ctrl-C in a follow-up run: the report still has what completed
             interrupted = True
+            ending.install()
     payload = {**job.report_fields(), "interrupted": interrupted, "shard": fleet.shard, **extra, "hosts": entries}
     if stopped is not None:
         payload["stopped"] = stopped.to_dict()
-    report = write_json_report(fleet.reports, job.kind, payload)
-    files = {"report": str(report), **job.siblings(report, entries)}
+    with ending.report():
+        report = write_json_report(fleet.reports, job.kind, payload)
+        files = {"report": str(report), **job.siblings(report, entries)}
     if fleet.new_reports:
         print(f"created the folder {literal(str(fleet.reports))} (gpuprov.reports)", file=sys.stderr)
     if fleet.quiet:
         print(dump_json({**files, **payload}))
     else:
-        job.print_details(entries)
+        job.print_details([entry for entry in entries if entry.get("error")] if fleet.terse else entries)
         summary_table(job.title(), job.rows(entries), list(job.columns))
         print("\n".join(f"{name}: {literal(path)}" for name, path in files.items()))
     if interrupted:
         print(f"interrupted (Ctrl-C): the report {literal(str(report))} has what completed", file=sys.stderr)
     if stopped is not None:
         print(f"error: {stopped}", file=sys.stderr)
+    ending.release()
     return exit_code(job, outcomes, entries, interrupted, stopped is not None)

@@ -3,11 +3,13 @@
 Two nets, both applied by `mask` (errors, reports, JSON, command lines shown in logs all go through it):
 
 - by value: each secret registered here (sudo passwords, the registry password, the passwords of mirror, proxy
-  and torch index URLs) in every form that output may carry it: as it is, JSON-escaped, percent-encoded,
-  shell-quoted and as `gpuprov.core.errors.literal` shows it;
+  and torch index URLs, and what `register_named` finds under secret names in data read in) in every form that
+  output may carry it: as it is, JSON-escaped, percent-encoded, shell-quoted and as
+  `gpuprov.core.errors.literal` shows it;
 - by pattern, for secrets gpuprov was never told about: the user:password part of URLs (every user part of an
-  http(s) URL, where a token may be the user), `password=` / `PASSWORD=` / `token=` settings, `password:`, JSON
-  and Python `"password": "..."`, `Authorization: Bearer|Basic ...` and apt auth.conf entries. The user of a
+  http(s) URL, where a token may be the user), `password=` / `PASSWORD=` / `token=` settings (Ansible's
+  `ansible_become_pass=` too), `password:`, JSON and Python `"password": "..."`, `Authorization: Bearer|Basic ...`
+  and apt auth.conf entries. The user of a
   URL without a password in other schemes (`ssh://git@host`) is a login name, not a secret, and stays.
 """
 
@@ -34,7 +36,10 @@ _URL_LOGIN = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*)://([^/\s\"'<>]+)@")
 _QUOTED = r"(\"(?:\\.|[^\"\\\n])*\"|'[^'\n]*')"
 _VALUE = r"(\"(?:\\.|[^\"\\\n])*\"|'[^'\n]*'|(?:\\[^nrt]|[^\s\"'\\])+)"
 # a key starts where a run of key characters starts: scanning a long run is then linear, not quadratic
-_KEY = re.compile(r"(?<![\w.-])[\w.-]*(?:password|token|secret)", re.IGNORECASE)
+# (`_pass`, `-passwd`: Ansible's ansible_become_pass and ansible_ssh_pass; a bare `pass` is a word, not a key)
+# (after a `/`, `passwd` is the file /etc/passwd, as in `/etc/passwd:1:1:`, not a key)
+_KEY = re.compile(r"(?:(?<![\w./-])|(?<=/)(?!passwd\b))[\w.-]*(?:password|(?<=[_.-])pass(?:wd)?|passwd|token|secret)",
+                  re.IGNORECASE)
 # `password=x`, `PASSWORD: x`, `token = 'x'`; a quoted key takes a quoted value only (`"password": "x"`)
 _SETTING = re.compile(r"((" + _KEY.pattern + r")[ \t]*([=:])[ \t]*)" + _VALUE, re.IGNORECASE)
 _QUOTED_SETTING = re.compile(r"(([\"'])" + _KEY.pattern + r"\2[ \t]*[=:][ \t]*)" + _QUOTED, re.IGNORECASE)
@@ -76,6 +81,21 @@ def register_url(url: str | None) -> None:
     register(secret, unquote(secret))
 
 
+def register_named(data: Any) -> None:
+    """Register the text value of every secret-named key (`password`, `*_token`, `ansible_become_pass`...) in
+    `data` at any depth: what a reader took in (an inventory's host variables, a listing from ansible-inventory with
+    vault values decrypted) is then masked wherever it shows, even under another name."""
+    if isinstance(data, dict):
+        for key, item in data.items():
+            if isinstance(key, str) and isinstance(item, str) and _KEY.fullmatch(key):
+                register(item)
+            else:
+                register_named(item)
+    elif isinstance(data, list | tuple):
+        for item in data:
+            register_named(item)
+
+
 def mask(text: str, extra: Iterable[str] = ()) -> str:
     """`text` with every secret replaced by ***: the registered values and `extra` ones, and what the patterns
     find. The one masking function of gpuprov (`mask_data` applies it to structured data)."""
@@ -90,7 +110,7 @@ def mask(text: str, extra: Iterable[str] = ()) -> str:
         text = _AUTH_CONF.sub(r"\g<1>" + MASK, text)
     if "authorization" in folded:
         text = _AUTHORIZATION.sub(_keep_quotes, text)
-    if "password" in folded or "token" in folded or "secret" in folded:
+    if "pass" in folded or "token" in folded or "secret" in folded:
         text = _QUOTED_SETTING.sub(_keep_quotes, text)
         text = _SETTING.sub(_setting, text)
     return text if text == before else _by_value(text, extra_forms)

@@ -11,9 +11,10 @@ Exit 0 when no fatal fault was found, 1 when one was (0 in Slurm mode, where the
 input. `--json` prints one JSON document,
 `--textfile-dir DIR` writes DIR/gpuprov_health.prom atomically for node_exporter, and `--slurm` drains the node
 with `gpuprov:<code> <text>` as the reason (within the circuit breaker) or resumes it when gpuprov drained it.
-`--deep` adds DCGM's short diagnostic; `--epilog` (Slurm's Epilog) runs the deep check in Slurm mode only after a
-job that failed, and always exits 0. Defaults come from /etc/gpuprov/health.json (written by deploy); arguments
-override them.
+`--deep` adds DCGM's short diagnostic; `--epilog` (Slurm's Epilog) runs the checks in Slurm mode only after a
+job that failed, the diagnostic among them when this run found a new fault or the last one ran `--deep-every`
+seconds ago (a user's failing jobs do not cost a diagnostic each), and always exits 0. Defaults come from
+/etc/gpuprov/health.json (written by deploy); arguments override them.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:
 SINFO_FIELDS = "NodeList:0|,PartitionName:0|,StateComplete:0|,Timestamp:0|,Reason:0"
 SETTLE_S = 2.0   # after a drain, wait this long before the recount (longer than the timestamp's one-second step)
 DIAG_TIMEOUT_S = 120.0
+DEEP_EVERY_S = 3600.0   # the Epilog's diagnostic after a failed job without a fault found: at most this often
 RUN_LIMIT_S = 50.0   # Slurm kills a HealthCheckProgram after 60 s: every command ends within this from the start
 STEP_S = 5.0         # the timeout of each Slurm command from the drain on (sinfo, scontrol answer within a second)
 DEADLINE = math.inf  # time.monotonic() at which the run's limit is spent (set by main)
@@ -593,6 +595,22 @@ def check_diag(timeout: float, checks: dict) -> list:
     return faults
 
 
+def deep_due(faults: list, data: dict, every: float, now: float) -> tuple:
+    """Whether the Epilog runs the diagnostic after a failed job: when this run found a fault with a repair action
+    that the last diagnostic did not see (a sign of the hardware), else when the last diagnostic ran `every`
+    seconds ago or more, so that a user's failing jobs do not cost a diagnostic each; (due, why not)."""
+    seen = {tuple(key) for key in data.get("deep_seen") or () if isinstance(key, list) and len(key) == 2}
+    if any(f["action"] != "NONE" and (f["code"], f["gpu"]) not in seen for f in faults):
+        return True, ""
+    last = data.get("deep_at")
+    if not isinstance(last, (int, float)) or isinstance(last, bool) or not math.isfinite(last) or last > now:
+        return True, ""
+    if now - last >= every:
+        return True, ""
+    return False, (f"no new fault found, and the last diagnostic ran {now - last:.0f} s ago (at most one in "
+                   f"--deep-every {every:g} s)")
+
+
 def job_failed(env: dict) -> bool:
     """Whether the job an Epilog runs after failed: SLURM_JOB_EXIT_CODE2 (`<exit>:<signal>`) other than 0:0, else
     SLURM_JOB_EXIT_CODE (the wait(2) status) other than 0 (slurm.conf(5), 22.05: both given to Epilog)."""
@@ -648,12 +666,17 @@ def parse_args(argv: list) -> argparse.Namespace:
                         f"recount (default {SETTLE_S:g})")
     parser.add_argument("--deep", action="store_true", help="also run DCGM's short diagnostic (dcgmi diag -r 1)")
     parser.add_argument("--epilog", action="store_true", help="as Slurm's Epilog: after a failed job only, the "
-                        "deep check in Slurm mode; always exit 0")
+                        "checks in Slurm mode with the diagnostic when a new fault is found or --deep-every has "
+                        "passed; always exit 0")
+    parser.add_argument("--deep-every", type=float, default=DEEP_EVERY_S, help="the Epilog's diagnostic when no "
+                        f"new fault was found: at most once in this many seconds (default {DEEP_EVERY_S:g})")
     args = parser.parse_args(argv)
     if args.max_drained_pct is not None and not 0 <= args.max_drained_pct <= 100:
         raise InputError(f"--max-drained-pct {args.max_drained_pct:g}: expected 0 to 100")
     if not 0 < args.run_limit <= 3600:
         raise InputError(f"--run-limit {args.run_limit:g}: expected more than 0, at most 3600 seconds")
+    if not 0 <= args.deep_every <= 7 * 86400:
+        raise InputError(f"--deep-every {args.deep_every:g}: expected 0 to 604800 seconds")
     if not 0 <= args.settle <= 30:
         raise InputError(f"--settle {args.settle:g}: expected 0 to 30 seconds (Slurm stops the program at 60)")
     return args
@@ -689,19 +712,35 @@ def gather(args: argparse.Namespace, config: dict) -> tuple:
     if os.path.exists(args.boot_id_file):
         with open(args.boot_id_file, encoding="utf-8") as fh:
             boot_id = fh.read().strip()
-    # the diagnostic takes minutes: it runs before the state's lock is taken, so other runs need not wait for it
+    # the diagnostic takes minutes: it runs while the state's lock is not held, so other runs need not wait for it
     deep = check_diag(max(args.timeout, DIAG_TIMEOUT_S), checks) if args.deep and ids else []
     state = State(args.state_dir, boot_id, max(0.0, min(2 * args.timeout, left() / 2)))
+    epilog_deep = bool(args.epilog and ids and state.problem)   # when the last diagnostic is unknown: run it
     try:
         if not state.problem:
             if args.clear_faults:
                 state.data["xids"], state.data["deep"] = [], []
             log = read_kernel_log(args.kernel_log, state, args.timeout, checks)
             faults += check_xids(log or "", state)
+            if args.epilog and ids:
+                epilog_deep, why = deep_due(faults, state.data, args.deep_every, time.time())
+                if epilog_deep:
+                    state.data["deep_at"] = time.time()
+                    state.data["deep_seen"] = sorted([f["code"], f["gpu"]] for f in faults if f["action"] != "NONE")
+                else:
+                    checks["dcgm_diag"] = f"skipped: {why}"
             deep = keep_deep(deep, state)
             state.save()
     finally:
         state.close()
+    if epilog_deep:
+        found = check_diag(max(args.timeout, DIAG_TIMEOUT_S), checks)
+        state = State(args.state_dir, boot_id, max(0.0, min(2 * args.timeout, left() / 2)))
+        try:
+            deep = deep + found if state.problem else keep_deep(found, state)
+            state.save()
+        finally:
+            state.close()
     faults += deep
     if state.problem:
         checks.setdefault("xid", f"skipped: {state.problem}")
@@ -711,7 +750,7 @@ def gather(args: argparse.Namespace, config: dict) -> tuple:
                         ("xid", ["XID_"]), ("nvlink", ["NVLINK_DOWN"]), ("fabric", ["FABRIC_NOT_READY"]),
                         ("pcie", ["PCIE_DEGRADED"]), ("persistence", ["PERSISTENCE_OFF"]),
                         ("state", ["STATE_FAILED"]),
-                        *((("dcgm_diag", ["DCGM_DIAG_FAILED"]),) if args.deep or deep else ())):
+                        *((("dcgm_diag", ["DCGM_DIAG_FAILED"]),) if args.deep or epilog_deep or deep else ())):
         found = [f for f in faults if any(f["code"].startswith(c) for c in codes)]
         if found:
             checks[name] = "fail" if any(f["severity"] == "fatal" for f in found) else "warn"
@@ -788,8 +827,8 @@ def main(argv: list | None = None) -> int:
         if args.epilog:
             if not job_failed(dict(os.environ)):
                 return 0
-            args.deep = args.slurm = True
-        DEADLINE = time.monotonic() + args.run_limit + (DIAG_TIMEOUT_S if args.deep else 0.0)
+            args.slurm = True
+        DEADLINE = time.monotonic() + args.run_limit + (DIAG_TIMEOUT_S if args.deep or args.epilog else 0.0)
         result, problems = run_checks(args)
     except InputError as exc:
         print(f"gpuprov-health: {clean(str(exc), 500)}", file=sys.stderr)

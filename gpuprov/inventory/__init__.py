@@ -7,6 +7,8 @@ The modules, one job each:
     native       gpuprov's own format (defaults / groups / hosts)
     ansible      Ansible's YAML form (all: / children: / hosts: / vars:); patterns: its host ranges
     ini          Ansible's INI form, turned into the YAML form's document
+    ansible_vars an Ansible inventory's group_vars/ and host_vars/ beside it
+    ansible_program  `ansible-inventory --list` run as a program (load_inventory's plugin="ansible")
     settings     connection settings (address, port, user, identity_file, jump, sudo) and local paths
     checks       one checker per kind of value (address, CIDR, port, integer, number, percent, duration, URL,
                  host path, registry address, local path, input file)
@@ -23,7 +25,11 @@ the nesting depth (located.MAX_DEPTH, on the parser's events before any tree is 
 (located.MAX_ALIAS_VALUES) and what host ranges add (patterns.MAX_RANGE_HOSTS, counted before expanding).
 
 A file is read as INI when its name ends in `.ini` or its first line that is not blank or a comment is a
-section header (`[gpus]`); as Ansible YAML when its top level has `all:`; else as the native format.
+section header (`[gpus]`) or, in a file not named .yaml, .yml or .json, a host line (`bastion ansible_host=...`,
+not a YAML key); as Ansible YAML when its top level has `all:`; else as the native format. An Ansible inventory
+(INI or YAML) also takes the `group_vars/` and `host_vars/` beside it, in Ansible's precedence
+(gpuprov.inventory.merge). With plugin="ansible" the inventory is what `ansible-inventory --list` says of the path
+(gpuprov.inventory.ansible_program).
 A native file with a `slurm:` source is read twice: alone first (every error in it is told before any host is
 contacted), then, with Slurm's nodes from its controller (sinfo --json), merged below the file's own levels.
 Paths (known_hosts, identity_file, mirror key_file and ca_file) expand `~`; relative paths are relative to
@@ -41,6 +47,8 @@ from pathlib import Path
 
 from gpuprov.core.errors import InputError, literal
 from gpuprov.inventory.ansible import read_ansible
+from gpuprov.inventory.ansible_program import load_with_ansible
+from gpuprov.inventory.ansible_vars import VarsDocument, read_vars_dirs
 from gpuprov.inventory.checks import NotRegular, read_regular
 from gpuprov.inventory.diagnostics import FILE_KEY, InventoryError, problem_line, type_name
 from gpuprov.inventory.ini import looks_like_ini, read_ini
@@ -62,16 +70,28 @@ from gpuprov.inventory.slurm import (
 __all__ = ["Group", "Host", "Inventory", "InventoryError", "is_valid_address", "load_inventory", "parse_jump"]
 
 MAX_BYTES = 32 * 1024 * 1024
+PLUGINS = ("gpuprov", "ansible")
+YAML_SUFFIXES = (".yaml", ".yml", ".json")  # read as YAML unless a section header comes first
 
 
-def load_inventory(path: str | Path, slurm: NodeReader | None = None) -> Inventory:
+def load_inventory(path: str | Path, slurm: NodeReader | None = None, plugin: str | None = None) -> Inventory:
     """Load and validate an inventory file; InputError if it is missing, InventoryError if it is bad. A native file
     with a `slurm:` source gets Slurm's nodes too, read by `slurm` (by default sinfo --json on its controller,
-    gpuprov.inventory.slurm.from_controller; a GpuprovError naming the controller when that fails)."""
+    gpuprov.inventory.slurm.from_controller; a GpuprovError naming the controller when that fails). `plugin`:
+    None or "gpuprov" reads the file; "ansible" runs `ansible-inventory --list` on it."""
     path = Path(path)
     if "\0" in str(path):
         raise InputError(f"inventory {literal(repr(str(path)))}: a path cannot hold a NUL character", step="inventory",
                          hint="give --inventory PATH")
+    if plugin not in (None, *PLUGINS):
+        raise InputError(f"unknown inventory plugin {literal(repr(plugin))}", step="inventory",
+                         hint=f"give one of: {', '.join(PLUGINS)}")
+    if plugin == "ansible":
+        if not path.exists():
+            raise InputError(f"inventory {literal(str(path))} not found", step="inventory",
+                             hint="give --inventory PATH of a file or folder ansible-inventory reads")
+        with _collector_paused():
+            return load_with_ansible(path)
     try:
         data = read_regular(path, MAX_BYTES)  # a pipe, a device or a file over the bound: not a byte read
     except FileNotFoundError:
@@ -98,15 +118,18 @@ def read_inventory(path: Path, data: bytes, slurm: NodeReader | None = None) -> 
     base = path.parent.absolute()
     try:
         text = decode(data)
-        doc = Located(path, aliases="*" in text)
-        if path.suffix.lower() == ".ini" or looks_like_ini(text):
+        doc = VarsDocument(path, aliases="*" in text)
+        suffix = path.suffix.lower()
+        if suffix == ".ini" or looks_like_ini(text, host_lines=suffix not in YAML_SUFFIXES):
             levels = read_ansible(doc, read_ini(doc, text), "no hosts: add a [group] section with host lines")
+            read_vars_dirs(doc, levels, path.parent)
             return build_inventory(doc, levels, "ansible-ini", base)
         document = _yaml_document(doc, text)
     except YamlTextError as exc:
         raise InventoryError(path, [problem_line(path, exc.line, exc.col, FILE_KEY, exc.message)]) from None
     if "all" in document:
         levels = read_ansible(doc, document, "no hosts: add hosts: under all: or one of its children")
+        read_vars_dirs(doc, levels, path.parent)
         return build_inventory(doc, levels, "ansible", base)
     source = read_source(doc, document)
     levels = read_native(doc, document, base)

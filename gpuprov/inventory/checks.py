@@ -3,7 +3,9 @@ CIDR, port (and a registry address's), integer and count, number and percent, du
 local path, output file, the input file itself and what a public file must not hold (a private key). Every
 other module asks these, so a kind of value is accepted (or refused) the same way wherever it is written.
 
-A `*_problem` checker returns None for a good value and, for a bad one, what is wrong with it in words;
+A `*_problem` checker returns None for a good value and, for a bad one, what is wrong with it in words; a
+`*_warning` checker the same for a value that is accepted but deserves a second look (the caller records it as a
+warning at its place);
 `ip_address` and `network` return the parsed value, or None. The caller names the place (`FILE:LINE:COL: key:`,
 a flag, a setting) and raises or records the problem (exit 2). `read_regular` reads an input file: a regular
 file only (not a pipe, a device or a link to one), bounded.
@@ -140,6 +142,28 @@ def percent_problem(value: Any) -> str | None:
 def duration_problem(value: Any, low: float = 1, high: float = MAX_SECONDS) -> str | None:
     """Why `value` is not a number of seconds from `low` to `high` (what Python's and systemd's timers hold)."""
     return number_problem(value, low, high, above=False)
+
+
+# ------------------------------------------------------------------------------------------------ hardware
+
+def hardware_warning(hardware: Any) -> str | None:
+    """Why a host's `hardware` deserves a second look: the full GPU count of an HGX/DGX baseboard whose NVSwitches
+    are no PCI devices (gpus.yaml hgx_gpus: 8 x B200) without `nvswitch`. The facts cannot show those NVSwitches,
+    so the inventory decides, and without it gpuprov installs neither Fabric Manager nor the NVLink Subnet Manager,
+    without which CUDA cannot use the GPUs. None otherwise (nvswitch given either way, another model or count)."""
+    from gpuprov.catalog import FOURTH_GENERATION, find, nvswitch_generation
+
+    if not isinstance(hardware, dict) or "nvswitch" in hardware or not isinstance(hardware.get("gpu"), str):
+        return None
+    model = find(hardware["gpu"])
+    if (model is None or model.hgx_gpus is None or hardware.get("count") != model.hgx_gpus
+            or (nvswitch_generation(model.arch) or 0) < FOURTH_GENERATION):
+        return None
+    return (f"{model.hgx_gpus} x {model.key} without nvswitch: an HGX {model.key} joins its {model.hgx_gpus} GPUs "
+            f"through NVSwitches, which need Fabric Manager and the NVLink Subnet Manager before CUDA can use the "
+            f"GPUs; these NVSwitches are no PCI devices, so the facts cannot show them and only hardware.nvswitch "
+            f"tells gpuprov to install both. Set nvswitch: true (or nvswitch: false where the NVSwitches are "
+            f"managed outside this host)")
 
 
 # ---------------------------------------------------------------------------------------------------- URLs

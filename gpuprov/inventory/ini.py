@@ -1,7 +1,7 @@
 """Ansible's INI inventory format, turned into the document its YAML form would be (gpuprov.inventory.ansible
 then reads both the same way)::
 
-    gpu00 ansible_host=10.0.0.9          # before any section: a host in no group
+    gpu00 ansible_host=10.0.0.9          # before any section: a host in `ungrouped`
     [hgx]                                # a group and its hosts, one host pattern a line
     gpu[01:08] ansible_user=ops rack=r1  # with the host's variables as key=value
     [hgx:vars]                           # the group's variables, one key=value a line
@@ -29,18 +29,22 @@ from typing import Any
 from gpuprov.inventory.located import Located
 
 _SECTION = re.compile(r"\[([^:\]\s]+)(?::(\w+))?\]\s*(?:#.*)?", re.ASCII)
+# a first line that begins a YAML document: a key (`all:`, `"all":`), a directive, a marker, a list item, a flow
+# collection, a tag, an anchor, an alias, a block scalar or a quoted scalar; a host line (`gpu01 k=v`) is none of them
+_YAML_LINE = re.compile(r"""(?:---|\.\.\.|%|[-?:](?:\s|$)|[{\[!&*|>'"])|[^\s#]*\s*:(?:\s|$)""")
 _GROUP_LINE = re.compile(r"([^:\]\s]+)\s*(?:#.*)?")
 _KINDS = ("hosts", "vars", "children")
 _ALWAYS_DECLARED = ("all", "ungrouped")
 
 
-def looks_like_ini(text: str) -> bool:
-    """Whether the first line that is not blank or a comment is an INI section header (`[name]`, `[name:vars]`):
-    never a YAML inventory, whose top level is a mapping."""
+def looks_like_ini(text: str, host_lines: bool = True) -> bool:
+    """Whether the first line that is not blank or a comment is an INI section header (`[name]`, `[name:vars]`)
+    or, with `host_lines`, a host line (an ungrouped host, as Ansible's INI reader takes it), not the start of a
+    YAML document."""
     for line in io.StringIO(text):
         stripped = line.strip()
         if stripped and stripped[0] not in "#;":
-            return bool(_SECTION.fullmatch(stripped))
+            return bool(_SECTION.fullmatch(stripped)) or (host_lines and not _YAML_LINE.match(stripped))
     return False
 
 

@@ -37,6 +37,18 @@ class Levels:
     hosts: dict[str, Level] = field(default_factory=dict)
     known_hosts: Path | None = None
     dropped: list[tuple] = field(default_factory=list)  # paths of keys gpuprov does not read (most ansible_*)
+    ansible: AnsibleOrder | None = None  # an Ansible inventory's precedence (None: gpuprov's, gpuprov.inventory.merge)
+
+
+@dataclass
+class AnsibleOrder:
+    """What Ansible's precedence needs beyond the file's levels: the levels of each `group_vars/` and `host_vars/`
+    file, in the order Ansible reads them, under "all", the group's name or the host's name; and each group's
+    `ansible_group_priority`."""
+
+    group_files: dict[str, list[Level]] = field(default_factory=dict)
+    host_files: dict[str, list[Level]] = field(default_factory=dict)
+    priorities: dict[str, int] = field(default_factory=dict)
 
 
 def as_mapping(doc: Located, value: Any, path: tuple, what: str) -> dict | None:

@@ -7,6 +7,13 @@ preceded by its ancestors (parents before children, a group applies once), so a 
 one and a child always wins over its parents. Settings and variables merge
 by top-level key: a level that sets `stack` replaces the whole `stack` mapping.
 
+An Ansible inventory merges as Ansible does ("Understanding variable precedence"; the order of ansible-core's
+VariableManager with the default VARIABLE_PRECEDENCE), lowest first: the file's `all` vars, the file's vars of the
+host's groups, `group_vars/all`, the host's `group_vars/` files, the file's host vars, the host's `host_vars/`
+files. The host's groups (every ancestor of the groups it is in) apply sorted by depth below `all` (the longest
+chain of parents), then `ansible_group_priority` (default 1), then name; one group's files in the order Ansible reads
+them (gpuprov.inventory.ansible_vars). Each key of a later level replaces the key of an earlier one.
+
 Jump hosts: gpuprov connects through one jump host, so a jump host that has a jump host of its own (a chain)
 is refused here, never silently shortened, and so is a cycle.
 """
@@ -15,9 +22,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpuprov.inventory import checks
 from gpuprov.inventory.diagnostics import InventoryError, suggest
 from gpuprov.inventory.hardening import check_references
-from gpuprov.inventory.levels import INVALID, Level, Levels
+from gpuprov.inventory.levels import INVALID, AnsibleOrder, Level, Levels
 from gpuprov.inventory.located import Located
 from gpuprov.inventory.model import Group, Host, Inventory, is_valid_address
 from gpuprov.inventory.schema import VariableSchema
@@ -30,7 +38,10 @@ def build_inventory(doc: Located, levels: Levels, fmt: str, base: Path,
     per host that merges below the defaults (what Slurm says of it, gpuprov.inventory.slurm)."""
     below = below or {}
     settings, schema = SettingChecks(doc, base, levels.hosts), VariableSchema(doc, base)
-    for level in [*below.values(), levels.defaults, *levels.groups.values(), *levels.hosts.values()]:
+    files = [] if levels.ansible is None else [
+        *(f for group in levels.ansible.group_files.values() for f in group),
+        *(f for host in levels.ansible.host_files.values() for f in host)]
+    for level in [*below.values(), levels.defaults, *levels.groups.values(), *levels.hosts.values(), *files]:
         level.settings = settings.check(level)
         checked = {key: (schema.check(key, value, path), path) for key, (value, path) in level.vars.items()}
         level.vars = {key: pair for key, pair in checked.items() if pair[0] is not INVALID}
@@ -104,6 +115,7 @@ class _Merger:
     def __init__(self, doc: Located, levels: Levels, parents: dict[str, list[str]], below: dict[str, Level]):
         self.doc, self.levels, self.parents, self.below = doc, levels, parents, below
         self.orders: dict[tuple[str, ...], list[str]] = {}
+        self.depths: dict[str, int] = {}
 
     def host(self, name: str, level: Level) -> Host:
         listed = []
@@ -112,14 +124,22 @@ class _Merger:
                 listed.append(group)
             else:
                 self.doc.error(gpath, f"unknown group {group!r}{suggest(group, self.levels.groups)}")
-        order = self.order(tuple(listed))
+        ansible = self.levels.ansible
+        if ansible is None:
+            order = self.order(tuple(listed))
+            first = [self.below[name]] if name in self.below else []
+            merged = [*first, self.levels.defaults, *(self.levels.groups[g] for g in order), level]
+        else:
+            order = self.ansible_order(tuple(listed), ansible)
+            merged = [self.levels.defaults, *(self.levels.groups[g] for g in order),
+                      *ansible.group_files.get("all", ()), *(f for g in order for f in ansible.group_files.get(g, ())),
+                      level, *ansible.host_files.get(name, ())]
         settings: dict = {}
         setting_sources: dict = {}
         variables: dict = {}
         var_paths: dict = {}
         sources: dict = {}
-        first = [self.below[name]] if name in self.below else []
-        for lvl in [*first, self.levels.defaults, *(self.levels.groups[g] for g in order), level]:
+        for lvl in merged:
             for key, (value, _) in lvl.settings.items():
                 settings[key] = value
                 setting_sources[key] = lvl.source
@@ -134,6 +154,9 @@ class _Merger:
             settings["address"] = name
             setting_sources["address"] = "host name"
         check_references(self.doc, variables, var_paths)
+        warning = checks.hardware_warning(variables.get("hardware"))
+        if warning:
+            self.doc.warn(var_paths["hardware"], f"host {name}: {warning}")
         sudo = settings.pop("sudo", None) or {}
         return Host(name=name, groups=tuple(order), vars=variables, sources=sources,
                     setting_sources=setting_sources, sudo_password_env=sudo.get("password_env"),
@@ -157,6 +180,33 @@ class _Merger:
                 visit(name)
             self.orders[listed] = order
         return self.orders[listed]
+
+
+    def ansible_order(self, listed: tuple[str, ...], ansible: AnsibleOrder) -> list[str]:
+        """The listed groups and all their ancestors, sorted as Ansible sorts a host's groups: by depth below
+        `all`, then ansible_group_priority, then name."""
+        if listed not in self.orders:
+            found: set[str] = set()
+            todo = list(listed)
+            while todo:
+                group = todo.pop()
+                if group not in found:
+                    found.add(group)
+                    todo.extend(self.parents[group])
+            self.orders[listed] = sorted(found, key=lambda g: (self.depth(g), ansible.priorities.get(g, 1), g))
+        return self.orders[listed]
+
+    def depth(self, group: str, visiting: set[str] | None = None) -> int:
+        """The longest chain of parents from `all` down to `group` (a top-level group is 1; a cycle, an error
+        already, stops the count)."""
+        if group not in self.depths:
+            visiting = visiting if visiting is not None else set()
+            if group in visiting:
+                return 0
+            visiting.add(group)
+            self.depths[group] = 1 + max((self.depth(p, visiting) for p in self.parents[group]), default=0)
+            visiting.discard(group)
+        return self.depths[group]
 
 
 def _check_jumps(doc: Located, levels: Levels, hosts: dict[str, Host]) -> None:
@@ -195,6 +245,11 @@ def _jump_path(levels: Levels, host: Host) -> tuple:
     level = {"host": levels.hosts[host.name], "defaults": levels.defaults}.get(source)
     if level is None and source and source.startswith("group:"):
         level = levels.groups.get(source[len("group:"):])
+    if level is None and levels.ansible is not None:
+        files = [*levels.ansible.host_files.get(host.name, ()), *(f for g in host.groups
+                                                                  for f in levels.ansible.group_files.get(g, ())),
+                 *levels.ansible.group_files.get("all", ())]
+        level = next((f for f in files if f.source == source), None)
     if level is not None and "jump" in level.settings:
         return level.settings["jump"][1]
     return levels.hosts[host.name].path

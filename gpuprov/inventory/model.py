@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuprov.core.errors import InputError
+from gpuprov.core.errors import InputError, literal
 from gpuprov.inventory.checks import ip_address
 from gpuprov.inventory.diagnostics import suggest
 
@@ -86,17 +86,29 @@ class Inventory:
         return self.hosts[name]
 
     def select(self, hosts: list[str], groups: list[str], all_: bool) -> list[Host]:
-        """Hosts named, plus hosts in the groups named, or every host; in inventory order."""
-        problems = [f"unknown host {n!r}{suggest(n, self.hosts)}" for n in hosts if n not in self.hosts]
+        """Hosts selected by the host patterns (Ansible's --limit: gpuprov.inventory.limit), plus hosts in the groups
+        named, or every host; in inventory order. InputError (exit 2) for a pattern that selects no host (each
+        part, and the whole), an unknown group, or no selection."""
+        from gpuprov.inventory.limit import Matcher, split_patterns
+
+        patterns = [item for value in hosts for item in split_patterns(value)]
+        problems = [f"--host {literal(repr(value))} holds no pattern" for value in hosts if not split_patterns(value)]
+        wanted: set[str] = set()
+        if patterns:
+            matcher = Matcher({n: h.groups for n, h in self.hosts.items()},
+                              {n: (g.children, g.hosts) for n, g in self.groups.items()})
+            wanted, found = matcher.evaluate(patterns)
+            problems += found
+            if not wanted and not problems:
+                problems.append(f"--host {literal(repr(','.join(hosts)))} selects no host")
         problems += [f"unknown group {n!r}{suggest(n, self.groups)}" for n in groups if n not in self.groups]
         if problems:
             raise InputError(f"{'; '.join(problems)} in {self.path}", step="select hosts",
                              hint=f"list them with: invoke inventory.check --inventory {self.path}")
         if all_:
             return list(self.hosts.values())
-        if not hosts and not groups:
+        if not patterns and not groups:
             raise InputError("no hosts selected", step="select hosts", hint="give --host, --group or --all")
-        wanted = set(hosts)
         for name in groups:
             wanted.update(self.groups[name].hosts)
         if not wanted:

@@ -12,9 +12,11 @@ form. A number is passed as it was written: `cuda: 12.10` is "12.10", not 12.1.
 from __future__ import annotations
 
 import re
+from datetime import date
 from pathlib import Path
 from typing import Any
 
+from gpuprov.catalog import choose
 from gpuprov.core.errors import InputError
 from gpuprov.core.secrets import register_url
 from gpuprov.inventory import checks
@@ -24,7 +26,9 @@ from gpuprov.inventory.located import Located
 from gpuprov.inventory.model import is_valid_address
 from gpuprov.inventory.settings import local_path, port_number
 from gpuprov.inventory.variables import ANY, NO_DEFAULT, Spec, children, registry
+from gpuprov.stack.data import branch_of
 from gpuprov.stack.inputs import PinError, gpu_model, stack_pin
+from gpuprov.stack.resolve import driver_eol_warning
 
 MAX_PUBLIC_BYTES = 1024 * 1024  # a CA bundle or an armored public key is far smaller
 _HEX40 = re.compile(r"[0-9A-Fa-f]{40}")
@@ -221,17 +225,24 @@ class VariableSchema:
 
     def gpu(self, item: Spec, value: Any, path: tuple) -> Any:
         try:
-            return gpu_model(value)
+            key = gpu_model(value)
         except PinError as exc:
             return self.refuse(item, value, path, str(exc))
+        warning = choose(value).warning()
+        if warning:
+            self.doc.warn(path, warning)
+        return key
 
     def pin(self, item: Spec, value: Any, path: tuple) -> Any:
         if isinstance(value, int | float) and not isinstance(value, bool):
             value = self.doc.raw.get(path, str(value))
         try:
-            return stack_pin(item.key, value)
+            pinned = stack_pin(item.key, value)
         except PinError as exc:
             return self.refuse(item, value, path, str(exc))
+        if item.key == "driver" and (warning := driver_eol_warning(branch_of(pinned), date.today())):
+            self.doc.warn(path, warning)
+        return pinned
 
     def release(self, item: Spec, value: Any, path: tuple) -> Any:
         """A release as written (`2.10` stays "2.10"), matching the spec's pattern, or one of its choices."""

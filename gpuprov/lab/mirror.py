@@ -33,7 +33,8 @@ import subprocess
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,6 +153,25 @@ def _gpg(home: Path, *args: str) -> str:
                  "--passphrase", "", *args], "lab mirror: gpg")
 
 
+SOCKET_PATH_MAX = 100   # a Unix socket's path is at most 107 bytes; gpg-agent's longest is S.gpg-agent.browser
+
+
+@contextmanager
+def _agent_home(home: Path) -> Iterator[Path]:
+    """`home` as gpg and its agent are given it: through a short symlink under the temporary folder when the agent's
+    socket paths in it would be too long for a Unix socket (a deep checkout, or pytest's folders), so that key
+    generation and signing work wherever the repository lies."""
+    if len(str(home / "S.gpg-agent.browser")) <= SOCKET_PATH_MAX:
+        yield home
+        return
+    folder = Path(tempfile.mkdtemp(prefix="gpuprov-gpg-"))
+    try:
+        (folder / "home").symlink_to(home.resolve(), target_is_directory=True)
+        yield folder / "home"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _stop_agent(home: Path) -> None:
     if shutil.which("gpgconf"):
         subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "all"], capture_output=True, check=False)
@@ -176,10 +196,11 @@ def ensure_key(paths: LabPaths, progress: Progress = _quiet) -> str:
         progress("mirror: generating the lab mirror signing key")
         shutil.rmtree(home, ignore_errors=True)
         home.mkdir(parents=True, mode=0o700)
-        try:
-            _gpg(home, "--quick-gen-key", KEY_UID, "ed25519", "sign", "never")
-        finally:
-            _stop_agent(home)
+        with _agent_home(home) as short:
+            try:
+                _gpg(short, "--quick-gen-key", KEY_UID, "ed25519", "sign", "never")
+            finally:
+                _stop_agent(short)
         fpr = key_fingerprint(home)
         if fpr is None:
             raise GpuprovError("gpg made no key", step="lab mirror", command=f"gpg --homedir {home} --list-keys",
@@ -242,14 +263,14 @@ def _write_index(paths: LabPaths, fpr: str, root: Path, debs: list[Path], arch: 
     (root / "Packages.gz").write_bytes(gzip.compress(index, mtime=0))
     (root / "Release").write_text(release_text(root, ["Packages", "Packages.gz"], arch, description),
                                   encoding="utf-8")
-    home = paths.state_dir / "mirror-gnupg"
-    try:
-        _gpg(home, "--local-user", fpr, "--digest-algo", "SHA512", "--clearsign",
-             "--output", str(root / "InRelease"), str(root / "Release"))
-        _gpg(home, "--local-user", fpr, "--digest-algo", "SHA512", "--armor", "--detach-sign",
-             "--output", str(root / "Release.gpg"), str(root / "Release"))
-    finally:
-        _stop_agent(home)
+    with _agent_home(paths.state_dir / "mirror-gnupg") as home:
+        try:
+            _gpg(home, "--local-user", fpr, "--digest-algo", "SHA512", "--clearsign",
+                 "--output", str(root / "InRelease"), str(root / "Release"))
+            _gpg(home, "--local-user", fpr, "--digest-algo", "SHA512", "--armor", "--detach-sign",
+                 "--output", str(root / "Release.gpg"), str(root / "Release"))
+        finally:
+            _stop_agent(home)
 
 
 def build_repo(paths: LabPaths, stacks: list[dict] | None = None, kernel: str | None = None,
@@ -303,12 +324,14 @@ def build_repo(paths: LabPaths, stacks: list[dict] | None = None, kernel: str | 
 
 # ------------------------------------------------------------------------------------------- container
 
-def _repo_tar(repo: Path) -> io.BytesIO:
+def repo_tar(repo: Path, root: str) -> io.BytesIO:
+    """The folder `repo` as a tar rooted at `root` (a path under the mirror's /srv), read-only as the mirror's own
+    files (folders 0555, files 0444)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for path in sorted([repo, *repo.rglob("*")]):
-            name = "mirror/" + path.relative_to(repo).as_posix() if path != repo else "mirror"
-            info = tarfile.TarInfo(name)
+            relative = path.relative_to(repo).as_posix()
+            info = tarfile.TarInfo(root if relative == "." else f"{root}/{relative}")
             info.mtime = int(path.stat().st_mtime)
             if path.is_dir():
                 info.type, info.mode = tarfile.DIRTYPE, 0o555
@@ -409,7 +432,7 @@ def ensure_mirror(lab: LabState | str = NETWORK, *, paths: LabPaths | None = Non
             command=["python3", "-m", "http.server", "80", "--bind", "0.0.0.0", "--directory", SERVE_DIR],
             entrypoint=[], working_dir="/", cap_drop=["ALL"], cap_add=["NET_BIND_SERVICE"],
             security_opt=["no-new-privileges"])
-        container.put_archive("/srv", _repo_tar(repo.path))
+        container.put_archive("/srv", repo_tar(repo.path, "mirror"))
         progress(f"mirror: created {MIRROR_NAME} from {tag} on {network.name}")
     container.reload()
     if container.status != "running":

@@ -321,30 +321,11 @@ def build_slurm_repo(paths: LabPaths, client, progress: Progress = _quiet) -> Pa
     return repo
 
 
-def _repo_tar(repo: Path) -> io.BytesIO:
-    """The repository as a tar rooted at `slurm/`, read-only as the mirror's own files."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for path in sorted([repo, *repo.rglob("*")]):
-            relative = path.relative_to(repo).as_posix()
-            info = tarfile.TarInfo(MIRROR_SUBDIR if relative == "." else f"{MIRROR_SUBDIR}/{relative}")
-            info.mtime = int(path.stat().st_mtime)
-            if path.is_dir():
-                info.type, info.mode = tarfile.DIRTYPE, 0o555
-                tar.addfile(info)
-            else:
-                data = path.read_bytes()
-                info.size, info.mode = len(data), 0o444
-                tar.addfile(info, io.BytesIO(data))
-    buffer.seek(0)
-    return buffer
-
-
 def serve_repo(client, repo: Path, progress: Progress = _quiet) -> str:
     """Put the repository into the lab mirror at /slurm/ (unless it serves it already). Returns its URL."""
     from gpuprov.lab.engine import find_lab_container
     from gpuprov.lab.labels import NETWORK
-    from gpuprov.lab.mirror import MIRROR_NAME, SERVE_DIR, _ip
+    from gpuprov.lab.mirror import MIRROR_NAME, SERVE_DIR, _ip, repo_tar
 
     mirror = find_lab_container(client, MIRROR_NAME, "lab mirror")
     if mirror is None or mirror.status != "running":
@@ -354,7 +335,7 @@ def serve_repo(client, repo: Path, progress: Progress = _quiet) -> str:
         marker.write_text(repo.name + "\n", encoding="utf-8")
     served = mirror.exec_run(["cat", f"{SERVE_DIR}/{MIRROR_SUBDIR}/digest"]).output.decode(errors="replace").strip()
     if served != repo.name:
-        if not mirror.put_archive(SERVE_DIR, _repo_tar(repo)):
+        if not mirror.put_archive(SERVE_DIR, repo_tar(repo, MIRROR_SUBDIR)):
             raise GpuprovError("cannot copy the Slurm repository into the lab mirror", step="lab slurm",
                                hint="`invoke lab.down`, then `invoke lab.up --slurm`")
         progress(f"slurm: the mirror serves the Slurm packages at /{MIRROR_SUBDIR}/")

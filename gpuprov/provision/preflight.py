@@ -7,7 +7,7 @@ import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gpuprov.core.debversion import compare_versions, nearest
+from gpuprov.core.debversion import check, compare_versions, is_valid, nearest
 from gpuprov.core.errors import mask_credentials
 
 MIN_FREE_MIB = {"/": 5120}  # driver, CUDA toolkit and DCGM unpack to several GiB
@@ -250,9 +250,13 @@ def _package_versions(family: str, probe: dict[str, str] | None, wanted: list) -
         available.setdefault(name, set()).add(plain(version))
     missing = []
     for pkg in wanted:
-        have = available.get(pkg.name, set())
-        if not any(compare_versions(v, plain(pkg.version)) == 0 for v in have):
-            near = nearest(plain(pkg.version), have)
+        want, have = plain(pkg.version), available.get(pkg.name, set())
+        if family == "debian":
+            check(want)   # InvalidVersion (bad input, exit 2): the stack or its lock pins a version dpkg refuses
+        # rpm versions Debian cannot order (`1.el9_4`) are matched as text; odd index entries are never ordered
+        orderable = is_valid(want)
+        if want not in have and not (orderable and any(compare_versions(v, want) == 0 for v in have if is_valid(v))):
+            near = nearest(want, have) if orderable else []
             missing.append(f"{pkg.name}={pkg.version} ({'nearest: ' + ', '.join(near) if near else 'no version'})")
     if missing:
         return Check("package_versions", "fail", "not in the repository: " + "; ".join(missing),

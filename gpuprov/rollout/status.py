@@ -16,15 +16,18 @@ METRIC_FILE = "gpuprov_rollout.prom"
 
 
 def metric_text(run_id: str, state: str, timestamp: float) -> str:
-    """The host's textfile: the rollout state as an enum-style gauge and when it was entered."""
-    run = run_id.replace("\\", "\\\\").replace('"', '\\"')
-    lines = ["# HELP gpuprov_rollout_state The host's state in the gpuprov rollout (1: the state it is in).",
-             "# TYPE gpuprov_rollout_state gauge"]
-    lines += [f'gpuprov_rollout_state{{run="{run}",state="{name}"}} {1 if name == state else 0}' for name in STATES]
-    lines += ["# HELP gpuprov_rollout_state_since_seconds When the host entered its rollout state (Unix time).",
-              "# TYPE gpuprov_rollout_state_since_seconds gauge",
-              f'gpuprov_rollout_state_since_seconds{{run="{run}"}} {timestamp:.0f}']
-    return "\n".join(lines) + "\n"
+    """The host's textfile, written through prometheus_client: the rollout state as an enum-style gauge (one
+    series per state, 1 for the state it is in) and when it was entered."""
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    registry = CollectorRegistry(auto_describe=True)
+    states = Gauge("gpuprov_rollout_state", "The host's state in the gpuprov rollout (1: the state it is in).",
+                   ("run", "state"), registry=registry)
+    for name in STATES:
+        states.labels(run_id, name).set(1 if name == state else 0)
+    Gauge("gpuprov_rollout_state_since_seconds", "When the host entered its rollout state (Unix time).", ("run",),
+          registry=registry).labels(run_id).set(round(timestamp))
+    return generate_latest(registry).decode("utf-8")
 
 
 def place_metric(conn, text: str) -> str | None:

@@ -8,10 +8,12 @@ NGC PyTorch tag and PyTorch wheel the driver can run.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import date
 
-from gpuprov.catalog import FOURTH_GENERATION, lookup, nvswitch_generation
+from gpuprov.catalog import FOURTH_GENERATION, choose, lookup, nvswitch_generation
 from gpuprov.core.errors import InputError
 from gpuprov.stack.data import (
     OS_KEYS,
@@ -29,6 +31,11 @@ from gpuprov.stack.data import (
 from gpuprov.stack.inputs import PinError, stack_pin
 
 STABLE_KINDS = ("production", "long_term")
+KIND_NAMES = {"production": "production branch", "long_term": "long-term support branch",
+              "new_feature": "new feature branch"}
+_EOL = re.compile(r"(by )?([0-9]{4})-([0-9]{2})")
+_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+           "November", "December")
 # The stack's sections that list packages, in install order.
 PACKAGE_SECTIONS = ("driver", "fabricmanager", "nscq", "nvlsm", "cuda", "nccl", "container_toolkit", "dcgm")
 
@@ -63,6 +70,7 @@ class Stack:
     nscq: dict | None = None        # NVSwitch systems: libnvidia-nscq at the driver version (DCGM's NVSwitch API)
     nvlsm: dict | None = None       # fourth-generation NVSwitch systems: the NVLink Subnet Manager
     inputs: dict = field(default_factory=dict, compare=False)
+    warnings: list[str] = field(default_factory=list, compare=False)   # for stderr; not in to_dict()
 
     REQUIRED = ("gpu", "os", "driver", "cuda", "forward_compat", "nccl", "container_toolkit", "fabricmanager",
                 "dcgm", "ngc_pytorch", "pytorch")
@@ -136,6 +144,53 @@ def driver_problem(model, branch: str, version: str | None) -> str | None:
         return (f"{model.key} needs driver >= {model.min_driver}; driver {effective} is older. "
                 f"Use {model.min_driver} or newer.")
     return None
+
+
+def _eol_month(branch: str) -> tuple[date, bool] | None:
+    """The first day of a branch's end-of-life month (drivers.yaml `eol`) and whether NVIDIA gave that month
+    (False: only listed as end of life by then); None where no NVIDIA page gives one."""
+    match = _EOL.fullmatch(str(table("drivers")["branches"][branch].get("eol") or ""))
+    if match is None:
+        return None
+    return date(int(match.group(2)), int(match.group(3)), 1), not match.group(1)
+
+
+def _month(day: date) -> str:
+    return f"{_MONTHS[day.month - 1]} {day.year}"
+
+
+def supported_branches(today: date, model=None) -> list[str]:
+    """Production and long-term support branches not yet at their end of life on `today` that gpuprov can pin (a
+    published version) and, given a model, that drive it; newest first."""
+    rows = table("drivers")["branches"]
+    out = []
+    for branch, row in rows.items():
+        eol = _eol_month(branch)
+        if row["kind"] in STABLE_KINDS and row["versions"] and eol is not None and eol[0] > today and (
+                model is None or driver_problem(model, branch, None) is None):
+            out.append(branch)
+    return sorted(out, key=int, reverse=True)
+
+
+def driver_eol_warning(branch: str, today: date, model=None) -> str | None:
+    """The warning for a pinned driver branch that is past its end of life on `today` (from the first day of its
+    end-of-life month, drivers.yaml), naming the date, NVIDIA's page and the supported branches to move to (those
+    that drive `model`, given one); None for a branch that is still supported or has no end-of-life date."""
+    eol = _eol_month(branch)
+    if eol is None or today < eol[0]:
+        return None
+    drv = table("drivers")
+    row = drv["branches"][branch]
+    kind = KIND_NAMES.get(row["kind"], "branch of unknown kind")
+    when = (f"reached its end of life in {_month(eol[0])}" if eol[1]
+            else f"is listed as end of life (by {_month(eol[0])}, no date given)")
+    source = drv["eol_sources"][row["eol_source"]]
+    moves = [f"R{b} ({KIND_NAMES[drv['branches'][b]['kind']]}, end of life {_month(_eol_month(b)[0])})"
+             for b in supported_branches(today, model)]
+    advice = (f"pin a supported branch instead: {', '.join(moves)}" if moves else
+              "no supported branch in gpuprov's data drives this GPU")
+    return (f"driver branch R{branch} ({kind}) {when} per NVIDIA's data center driver support page ({source}): it "
+            f"gets no more bug or security fixes; {advice}")
 
 
 def cuda_arch_problem(model, cuda: str) -> str | None:
@@ -374,9 +429,12 @@ def _pin_conflicts(model, drv_pin, cuda_pin, nccl_pin, ngc_pin, torch_pin, nvswi
 
 
 def resolve(gpu: str, os: str, gpus: int = 1, nvswitch: bool = False, cuda=None, driver=None, pytorch=None,
-            ngc=None, nccl=None, forward_compat: bool = False) -> Stack:
-    """The newest stack for `gpus` x `gpu` on `os` meeting every pin, or StackConflict naming what clashes."""
-    model = lookup(gpu)
+            ngc=None, nccl=None, forward_compat: bool = False, today: date | None = None) -> Stack:
+    """The newest stack for `gpus` x `gpu` on `os` meeting every pin, or StackConflict naming what clashes. The
+    stack's `warnings`: the model taken for an ambiguous GPU name, a pinned driver branch past its end of life on
+    `today` (default: the current date)."""
+    choice = choose(gpu)
+    model = choice.model
     os_key = check_os(os)
     if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
         raise InputError(f"gpus must be a positive whole number, not {gpus!r}")
@@ -413,6 +471,8 @@ def resolve(gpu: str, os: str, gpus: int = 1, nvswitch: bool = False, cuda=None,
             stack.inputs = {"gpu": model.key, "os": os_key, "gpus": gpus, "nvswitch": bool(nvswitch),
                             "cuda": cuda, "driver": driver, "pytorch": pytorch, "ngc": ngc, "nccl": nccl,
                             "forward_compat": bool(forward_compat)}
+            eol = driver_eol_warning(branch, today or date.today(), model) if drv_pin else None
+            stack.warnings = [w for w in (choice.warning(), eol) if w]
             return stack
     unique = list(dict.fromkeys(reasons))[:6] or [f"no driver branch in gpuprov's data supports {model.key}."]
     raise StackConflict(unique)
@@ -430,8 +490,10 @@ def facts_nvswitch(facts: dict, gpu: str | None) -> bool | None:
     return None if generation is not None and generation >= FOURTH_GENERATION else False
 
 
-def resolve_for_host(host_vars: dict, os_key: str | None, facts: dict | None = None) -> Stack:
-    """Resolve from an inventory host's `hardware` and `stack` vars; gathered facts override the hardware."""
+def resolve_for_host(host_vars: dict, os_key: str | None, facts: dict | None = None,
+                     today: date | None = None) -> Stack:
+    """Resolve from an inventory host's `hardware` and `stack` vars; gathered facts override the hardware. The
+    stack's warnings as resolve's (`today` for the end-of-life check)."""
     from gpuprov.catalog import by_pci_id
 
     hardware = dict(host_vars.get("hardware") or {})
@@ -463,4 +525,4 @@ def resolve_for_host(host_vars: dict, os_key: str | None, facts: dict | None = N
     return resolve(hardware["gpu"], os_key, gpus=int(hardware.get("count") or 1),
                    nvswitch=bool(hardware.get("nvswitch", False)), cuda=pins.get("cuda"),
                    driver=pins.get("driver"), pytorch=pins.get("pytorch"), ngc=pins.get("ngc"),
-                   nccl=pins.get("nccl"), forward_compat=bool(pins.get("forward_compat", False)))
+                   nccl=pins.get("nccl"), forward_compat=bool(pins.get("forward_compat", False)), today=today)

@@ -18,6 +18,7 @@ def namespace() -> Collection:
         lab,
         monitoring,
         provision,
+        report,
         reports,
         rollout,
         stack,
@@ -33,6 +34,7 @@ def namespace() -> Collection:
     ns.add_collection(checks)
     ns.add_task(harden.harden)
     ns.add_task(rollout.rollout)
+    ns.add_task(report.report)
     ns.add_collection(Collection.from_module(health, name="health"))
     ns.add_collection(Collection.from_module(images, name="images"))
     ns.add_collection(Collection.from_module(inventory, name="inventory"))

@@ -3,9 +3,14 @@
 Every task is wrapped in `exits_cleanly`, which checks the gpuprov settings (invoke.yaml, INVOKE_GPUPROV_*)
 before the task does anything and turns a GpuprovError into its message and exit code. A task that touches
 hosts is declared with `@host_task(help={...})` and takes, besides its own options,
-`host=None, group=None, all=False, inventory=None, parallel=None, trust_new_hosts=False`. A host job's task
-checks its options, then `open_fleet(...)` (selection, executor settings with batches, the reports folder),
-`run_fleet(fleet, Job(...))` (gpuprov.core.runtime) and `finish(code)`; a read (facts) uses `gather_outcomes`.
+`host=None, group=None, all=False, inventory=None, parallel=None, trust_new_hosts=False` (host_task adds
+--shard, --verbose, --quiet and --inventory-plugin). A host job's task checks its options, then `open_fleet(...)`
+(selection, executor settings with batches, the reports folder), `run_fleet(fleet, Job(...))`
+(gpuprov.core.runtime) and `finish(code)`; a read (facts) uses `gather_outcomes`.
+
+Every task is declared with this module's `task` (never Invoke's own): no automatic short flags, the short flags
+of SHORT_FLAGS only (one meaning across every task; `-h` stays Invoke's help), and the value names of METAVARS in
+`--help`.
 """
 
 from __future__ import annotations
@@ -17,20 +22,91 @@ import sys
 from collections.abc import Callable
 from contextvars import ContextVar
 
-from invoke import task
+from invoke import task as invoke_task
 from invoke.exceptions import Exit
+from invoke.tasks import Task
 
 from gpuprov.core.config import path_setting, settings
 from gpuprov.core.errors import GpuprovError, InputError, literal
 from gpuprov.core.json_text import dump_json
 
+# -- the command line's conventions: one short flag per long option across every task, value names for --help ------
+SHORT_FLAGS = {   # long option -> its short flag; a long option not here has none. Never a letter of Invoke's own
+    "host": "H",  # core flags (-c -d -D -e -f -F -h -l -p -r -R -T -V -w): one letter, one meaning on a line
+    "group": "g",
+    "all": "a",
+    "inventory": "i",
+    "parallel": "P",
+    "json": "j",
+    "dry-run": "n",
+    "verbose": "v",
+    "quiet": "q",
+}
+SWITCHES = frozenset({"all", "json", "dry-run", "verbose", "quiet"})   # the short flags above that take no value
+METAVARS = {   # long option -> the value's name in --help (argparse's way without an entry: the option upper-cased)
+    "host": "PATTERN", "group": "NAME", "name": "NAME", "inventory": "PATH", "inventory-plugin": "NAME",
+    "reports": "DIR",
+    "parallel": "N", "max-fail": "N|P%", "serial": "N|P%|LIST", "batch-window": "N|P%", "max-fail-percentage": "P",
+    "shard": "K/N", "only": "LIST", "checks": "LIST", "reboot": "POLICY", "level": "LEVEL", "via": "ssh|slurm",
+    "out": "PATH", "output": "PATH", "report": "PATH", "slurm-conf": "PATH", "to-lock": "PATH|previous",
+    "image": "IMAGE", "registry": "HOST:PORT", "container": "NAME", "server": "HOST", "prometheus": "URL",
+    "partition": "NAME", "qos": "NAME", "nice": "N", "start-deadline": "DURATION", "wait-jobs": "DURATION",
+    "batch": "N|P%", "max-unavailable": "N|P%", "canary": "N", "drain": "KIND", "validate": "LEVEL",
+    "confirm-timeout": "SECONDS", "interval": "SECONDS", "max-drained": "P%", "hours": "HOURS",
+    "threshold": "PERCENT", "gpu": "MODEL", "os": "OS", "gpus": "N", "cuda": "VERSION", "driver": "VERSION",
+    "pytorch": "VERSION", "ngc": "TAG", "nccl": "VERSION", "component": "NAME", "hosts": "N", "profile": "LIST",
+    "builder": "sdk|buildx",
+}
+INVENTORY_PLUGINS = ("gpuprov", "ansible")
+
+
+class GpuprovTask(Task):
+    """An Invoke task with the project's short flags (SHORT_FLAGS) and no automatic ones, whose help dict survives
+    being read again (Invoke empties it on the first read: a second Program in one process lost every help line)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["auto_shortflags"] = False
+        super().__init__(*args, **kwargs)
+
+    def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict:
+        opts = super().arg_opts(name, default, taken_names)
+        short = SHORT_FLAGS.get(opts["names"][0])
+        if short is not None:
+            opts["names"] = [*opts["names"], short]
+        return opts
+
+    def get_arguments(self, ignore_unknown_help: bool | None = None) -> list:
+        kept = dict(self.help)
+        try:
+            return super().get_arguments(ignore_unknown_help)
+        finally:
+            self.help = kept
+
+
+def task(*args, **kwargs):
+    """Invoke's @task (with or without arguments) for a GpuprovTask."""
+    return invoke_task(*args, klass=GpuprovTask, **kwargs)
+
+
+def metavar(long_name: str) -> str:
+    """The name of an option's value in --help: METAVARS', else the option upper-cased (--registry REGISTRY)."""
+    return METAVARS.get(long_name, long_name.upper().replace("-", "_"))
+
+
 HOST_HELP = {
-    "host": "host name from the inventory; repeat or give a comma list",
+    "host": "hosts by Ansible pattern, as --limit: a name, a group, gpu*, ~regex, hgx[0:3], a:b (or), a:&b (and), "
+            "a:!b (not); quote it in a shell; repeat or give a comma list",
     "group": "group name from the inventory; repeat or give a comma list",
     "all": "every host in the inventory (not together with --host or --group)",
     "inventory": "inventory file (default: gpuprov.inventory in invoke.yaml)",
     "parallel": "hosts worked on at once (default: gpuprov.parallel)",
     "trust_new_hosts": "record unknown host keys (trust on first use)",
+}
+OUTPUT_HELP = {
+    "verbose": "also print each command run on each host, with its exit status and time (stderr)",
+    "quiet": "print only errors and the final summary: no progress lines, no per-host notices",
+    "inventory_plugin": "how to read --inventory: gpuprov (default: gpuprov's own reader) or ansible (the output "
+                        "of ansible-inventory --list: dynamic inventories and vault too)",
 }
 BATCH_HELP = {
     "serial": "work in batches, each done before the next starts: a count (4), a share (25%) or a list (1,5,20%; "
@@ -52,7 +128,7 @@ def error_document(exc: GpuprovError) -> dict:
 
 
 def report_error(exc: GpuprovError, json_: bool = False) -> None:
-    """An error as `error: message` on stderr and, with --json, as the one JSON document on stdout."""
+    """An error as `error: message` on stderr and, with --json (or -j), as the one JSON document on stdout."""
     print(f"error: {exc}", file=sys.stderr)
     if json_:
         print(dump_json(error_document(exc)))
@@ -75,16 +151,82 @@ def exits_cleanly(fn: Callable) -> Callable:
     return wrapper
 
 
-def host_task(help: dict[str, str] | None = None, **options) -> Callable[[Callable], object]:
-    """@task for a task that touches hosts: the shared options' help (HOST_HELP) plus the task's own,
-    repeatable --host/--group, --shard K/N (sharded), and exit codes from errors (exits_cleanly); `options` go to
-    @task."""
+def host_task(help: dict[str, str] | None = None, *, shards: bool = True, **options) -> Callable[[Callable], object]:
+    """@task for a task that touches hosts: the shared options' help (HOST_HELP, OUTPUT_HELP) plus the task's own,
+    repeatable --host/--group, --shard K/N (sharded; with shards=False the task takes `shard` itself, to refuse
+    it), -v/--verbose, -q/--quiet and --inventory-plugin (with_output), and exit codes from errors
+    (exits_cleanly); `options` go to @task."""
 
     def decorate(fn: Callable):
-        return task(iterable=["host", "group"], help={**HOST_HELP, "shard": SHARD_HELP, **(help or {})},
-                    **options)(exits_cleanly(sharded(fn)))
+        return task(iterable=["host", "group"],
+                    help={**HOST_HELP, "shard": SHARD_HELP, **OUTPUT_HELP, **(help or {})},
+                    **options)(exits_cleanly(with_output(sharded(fn) if shards else fn)))
 
     return decorate
+
+
+# -- -v/--verbose, -q/--quiet and --inventory-plugin: every host task takes them (host_task) ---------------------
+_OUTPUT: ContextVar = ContextVar("gpuprov_output", default=None)          # None, "verbose" or "quiet"
+_PLUGIN: ContextVar = ContextVar("gpuprov_inventory_plugin", default=None)
+
+
+def _add_keywords(fn: Callable, wrapper: Callable, names: dict[str, object]) -> Callable:
+    """`wrapper` with the signature of `fn` plus keyword-only `names` (their defaults), for Invoke to read."""
+    signature = inspect.signature(fn)
+    wrapper.__signature__ = signature.replace(parameters=[
+        *signature.parameters.values(),
+        *(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default) for name, default in names.items())])
+    return wrapper
+
+
+def with_output(fn: Callable) -> Callable:
+    """`fn` with `verbose=False, quiet=False, inventory_plugin=None` keywords (-v, -q, --inventory-plugin NAME),
+    checked before the task runs (InputError naming the flags) and read by open_fleet, gather_outcomes and
+    select_hosts."""
+
+    @functools.wraps(fn)
+    def wrapper(c, *args, verbose=False, quiet=False, inventory_plugin=None, **kwargs):
+        if verbose and quiet:
+            raise InputError("--verbose and --quiet were both given: say which", step="options")
+        output = _OUTPUT.set("verbose" if verbose else "quiet" if quiet else None)
+        plugin = _PLUGIN.set(check_inventory_plugin(inventory_plugin))
+        try:
+            return fn(c, *args, **kwargs)
+        finally:
+            _OUTPUT.reset(output)
+            _PLUGIN.reset(plugin)
+
+    return _add_keywords(fn, wrapper, {"verbose": False, "quiet": False, "inventory_plugin": None})
+
+
+def check_inventory_plugin(name: str | None) -> str | None:
+    """--inventory-plugin NAME as given (None when not given); InputError naming the flag and its choices."""
+    if name is not None and name not in INVENTORY_PLUGINS:
+        raise InputError(f"--inventory-plugin must be one of {', '.join(INVENTORY_PLUGINS)}, not "
+                         f"{literal(repr(name))}", step="options",
+                         hint="gpuprov reads the file itself; ansible runs ansible-inventory --list on it")
+    return name
+
+
+def output_mode() -> str | None:
+    """The running host task's -v/-q: "verbose", "quiet" or None."""
+    return _OUTPUT.get()
+
+
+def inventory_plugin() -> str | None:
+    """The running task's --inventory-plugin NAME (checked), None when not given."""
+    return _PLUGIN.get()
+
+
+def read_inventory(c, path, plugin: str | None = None):
+    """gpuprov.inventory.load_inventory(path), with `plugin=` only when --inventory-plugin was given (the default
+    reader otherwise), then OpenSSH's client config (gpuprov.ssh_config) for what the inventory leaves unset."""
+    from gpuprov.inventory import load_inventory
+    from gpuprov.inventory.ssh_config import apply_ssh_config
+
+    chosen = check_inventory_plugin(plugin) if plugin is not None else inventory_plugin()
+    inv = load_inventory(path) if chosen is None else load_inventory(path, plugin=chosen)
+    return apply_ssh_config(inv, path_setting(c, "ssh_config"))
 
 
 # -- --shard K/N: every host task takes it (host_task); select_hosts keeps the shard's hosts ----------------------
@@ -106,10 +248,7 @@ def sharded(fn: Callable) -> Callable:
         finally:
             _SHARD.reset(token)
 
-    signature = inspect.signature(fn)
-    wrapper.__signature__ = signature.replace(parameters=[
-        *signature.parameters.values(), inspect.Parameter("shard", inspect.Parameter.KEYWORD_ONLY, default=None)])
-    return wrapper
+    return _add_keywords(fn, wrapper, {"shard": None})
 
 
 def current_shard():
@@ -153,15 +292,15 @@ def select_shard(c, host: list[str] | None, group: list[str] | None, all_: bool,
                  connects: bool = True):
     """select_hosts, and the report's `shard` record (gpuprov.core.shards.shard_record: K, N, the selection's size
     and digest) with --shard K/N, None without: (inventory, hosts, shard)."""
-    from gpuprov.inventory import load_inventory
-
-    hosts, groups = split_names(host, "--host"), split_names(group, "--group")
+    split_names(host, "--host")   # an empty item is refused: it must not widen the selection (Ansible drops it)
+    # the --host values whole: a value with a comma splits at commas only (`a:b,c` is `a:b` and `c`, as in Ansible)
+    hosts, groups = [str(value) for value in host or []], split_names(group, "--group")
     if all_ and (hosts or groups):
         raise InputError("--all selects every host: give it alone, or name hosts with --host/--group",
                          step="select hosts")
     if inventory is not None and not str(inventory).strip():
         raise InputError("--inventory needs the path of an inventory file, not ''", step="select hosts")
-    inv = load_inventory(inventory or path_setting(c, "inventory"))
+    inv = read_inventory(c, inventory or path_setting(c, "inventory"))
     chosen = inv.select(hosts=hosts, groups=groups, all_=all_)
     shard, record = _SHARD.get(), None
     if shard is not None:   # --shard K/N
@@ -169,7 +308,8 @@ def select_shard(c, host: list[str] | None, group: list[str] | None, all_: bool,
 
         record = shard_record(shard, chosen)
         chosen = shard_hosts(chosen, shard)
-        print(f"shard {shard}: {len(chosen)} of the {record['selected']} hosts selected", file=sys.stderr)
+        if output_mode() != "quiet":
+            print(f"shard {shard}: {len(chosen)} of the {record['selected']} hosts selected", file=sys.stderr)
     if connects:
         check_sudo_passwords(chosen)
     return inv, chosen, record
@@ -288,8 +428,9 @@ def open_fleet(c, host, group, all_: bool, inventory, *, parallel=None, trust_ne
                kind: str | None = None):
     """The fleet a host job runs on: the selected hosts (the shard's with --shard K/N, recorded for the report), the
     executor's settings (batches too), the reports folder (checked, created when missing; `<kind>-latest.json`
-    writable) and the progress printer (quiet with --json). A warning on stderr, before any host is contacted, when
-    the controller's memory or open files look short for the run (shards.budget_notices)."""
+    writable) and the progress printer (none with --json or --quiet; --verbose adds each command). A warning on
+    stderr, before any host is contacted, when the controller's memory or open files look short for the run
+    (shards.budget_notices)."""
     from gpuprov.core.report import check_folder, progress_printer
     from gpuprov.core.runtime import Fleet
 
@@ -301,8 +442,10 @@ def open_fleet(c, host, group, all_: bool, inventory, *, parallel=None, trust_ne
     new_reports = check_folder("gpuprov.reports", reports, write=True)
     if kind is not None:
         check_output_files("gpuprov.reports", [reports / f"{kind}-latest.json"])
+    mode = output_mode()
     return Fleet(inv, hosts, settings, reports, new_reports=new_reports, quiet=json_,
-                 on_event=progress_printer(quiet=json_), shard=shard)
+                 on_event=progress_printer(quiet=json_ or mode == "quiet"), shard=shard,
+                 verbose=mode == "verbose" and not json_, terse=mode == "quiet")
 
 
 def finish(code: int) -> None:
@@ -313,17 +456,20 @@ def finish(code: int) -> None:
 
 def gather_outcomes(c, inv, hosts, *, trust_new_hosts: bool = False, parallel: str | int | None = None,
                     quiet: bool = False) -> list:
-    """Facts of every host, in parallel, with per-host progress (after the controller's budget check,
-    warn_budget): one executor Outcome per host."""
+    """Facts of every host, in parallel, with per-host progress (none when `quiet` or with -q; -v adds each command)
+    after the controller's budget check (warn_budget): one executor Outcome per host."""
     from gpuprov.core.executor import run_on_hosts
     from gpuprov.core.report import progress_printer
+    from gpuprov.core.runtime import echoing
     from gpuprov.facts.gather import gather
     from gpuprov.provision.ops import MANAGED_FILES
 
     settings = run_settings(c, inv, trust_new_hosts=trust_new_hosts, parallel=parallel)
     warn_budget(len(hosts), settings.parallel)
-    return run_on_hosts(hosts, lambda conn: gather(conn, MANAGED_FILES), settings, jump_of=inv.jump_host,
-                        on_event=progress_printer(quiet=quiet))
+    mode = output_mode()
+    verbose = mode == "verbose" and not quiet
+    return run_on_hosts(hosts, lambda conn: gather(echoing(conn) if verbose else conn, MANAGED_FILES), settings,
+                        jump_of=inv.jump_host, on_event=progress_printer(quiet=quiet or mode == "quiet"))
 
 
 def gather_all(c, inv, hosts, *, trust_new_hosts: bool = False, parallel: str | int | None = None,

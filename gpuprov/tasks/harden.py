@@ -9,13 +9,13 @@ from gpuprov.tasks._common import BATCH_HELP, finish, host_task, only_components
 HARDEN_PARTS = ("firewall", "ssh", "updates")
 
 
-@host_task(auto_shortflags=False, help={
+@host_task(help={
     "check": "audit only: every control of the profile as pass/fail/waived with the value observed (exit 1 on "
              "a failure); changes nothing",
     "dry_run": "show the plan (with diffs) and the lockout checks; change nothing",
     "confirm_timeout": "seconds after which the host reverts a firewall/sshd change that gpuprov has not confirmed "
                        "over a new SSH connection (default: gpuprov.confirm_timeout, 60)",
-    "only": "comma list of parts: " + ",".join(HARDEN_PARTS),
+    "only": "comma list of parts: " + ", ".join(HARDEN_PARTS),
     "i_have_console_access": "apply a policy that would lock gpuprov out (the host still reverts it when gpuprov "
                              "cannot connect again)",
     "max_fail": "stop starting new hosts after this many failures: a count (3) or a share (10%)",

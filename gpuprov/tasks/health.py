@@ -5,7 +5,7 @@ from __future__ import annotations
 from gpuprov.tasks._common import finish, host_task, whole_number
 
 
-@host_task(auto_shortflags=False, help={
+@host_task(help={
     "interval": "seconds between two runs of the check on a node (slurm.conf HealthCheckInterval; default 300)",
     "max_drained": "circuit breaker: the share of a partition the check may hold drained at once (default 10%)",
     "epilog": "also set slurm.conf's Epilog to the deeper check after a failed job (--no-epilog: leave Epilog alone, "

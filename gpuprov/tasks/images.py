@@ -8,9 +8,7 @@ it or give a comma list.
 
 from __future__ import annotations
 
-from invoke import task
-
-from gpuprov.tasks._common import check_output_files, exits_cleanly, host_task
+from gpuprov.tasks._common import check_output_files, exits_cleanly, host_task, task
 
 NAME_HELP = "a spec name (all its matrix entries) or an image id; repeat or give a comma list (default: all)"
 
@@ -19,10 +17,8 @@ NAME_HELP = "a spec name (all its matrix entries) or an image id; repeat or give
 @exits_cleanly
 def list_(c, name=None, json_=False):
     """List the images of the specs: id, purpose, base, the stack inside and the tag."""
-    from rich.table import Table
-
     from gpuprov.core.json_text import dump_json
-    from gpuprov.core.report import console, styled
+    from gpuprov.core.report import console, table
     from gpuprov.images.labels import image_labels
     from gpuprov.images.spec import load_specs
 
@@ -32,14 +28,10 @@ def list_(c, name=None, json_=False):
                           "base": image.base.reference, "tag": image.version_tag, "labels": image_labels(image)}
                          for image in images]))
         return
-    table = Table("image", "purpose", "pytorch", "cuda", "nccl", "min driver", "tag")
-    table.add_column("base", overflow="fold")
-    for image in images:
-        versions = image.versions
-        table.add_row(*(styled(value or "-") for value in (
-            image.id, image.purpose, versions.pytorch, versions.cuda, versions.nccl, versions.min_driver,
-            image.version_tag, image.base.reference)))
-    console().print(table)
+    rows = [[value or "-" for value in (image.id, image.purpose, image.versions.pytorch, image.versions.cuda,
+                                         image.versions.nccl, image.versions.min_driver, image.version_tag,
+                                         image.base.reference)] for image in images]
+    console().print(table(["image", "purpose", "pytorch", "cuda", "nccl", "min driver", "tag", "base"], rows))
 
 
 @task(iterable=["name"], help={"name": NAME_HELP,
@@ -48,8 +40,10 @@ def list_(c, name=None, json_=False):
                                          "image is rendered only once its wheels are downloaded (images.build does)"})
 @exits_cleanly
 def render(c, name=None, wheels=False):
-    """Render the Dockerfile and build context of each image into build/images/<id>/ (no download unless --wheels:
-    an image that needs one is named, with the command that renders it)."""
+    """Render the Dockerfile and build context of each image into build/images/<id>/.
+
+    Nothing is downloaded unless --wheels: an image that needs its wheels is named, with the command that renders
+    it."""
     from gpuprov.core.report import console, styled
     from gpuprov.images.render import WheelsNotDownloaded
     from gpuprov.images.render import render as render_image
@@ -363,8 +357,9 @@ def _finish(step: str, reports, kind: str, payload: dict, json_: bool, columns: 
 @task(iterable=["name"], help={"name": NAME_HELP, "json": "print exactly one JSON document"})
 @exits_cleanly
 def test(c, name=None, json_=False):
-    """Run the validation smoke suite inside built images (--gpus all where this machine has GPUs, CPU otherwise);
-    exit 1 when a check fails."""
+    """Run the validation smoke suite inside built images; exit 1 when a check fails.
+
+    With --gpus all where this machine has GPUs, on the CPU otherwise."""
     from gpuprov.core.config import path_setting
     from gpuprov.core.errors import GpuprovError
     from gpuprov.core.report import check_folder
@@ -406,8 +401,10 @@ def test(c, name=None, json_=False):
                                "json": "print exactly one JSON document"})
 @exits_cleanly
 def push(c, name=None, registry=None, json_=False):
-    """Tag built images for a registry and push them, with each layer's progress (credentials from
-    GPUPROV_REGISTRY_USER/GPUPROV_REGISTRY_PASSWORD or docker login, never on a command line)."""
+    """Tag built images for a registry and push them, with each layer's progress.
+
+    Credentials come from GPUPROV_REGISTRY_USER/GPUPROV_REGISTRY_PASSWORD or docker login, never from a command
+    line."""
     from gpuprov.core.config import path_setting
     from gpuprov.core.errors import GpuprovError, InputError
     from gpuprov.core.report import check_folder
@@ -449,7 +446,7 @@ def push(c, name=None, registry=None, json_=False):
 
 
 @host_task(help={
-    "name": "the image id (or a spec name with one image) to run; the command to run follows `--`",
+    "name": "the image id (or a spec name with one image) to run; the command to run follows --",
     "registry": "the registry as the hosts reach it, such as 10.0.0.5:5000 (default: the hosts' images.registry)",
     "detach": "start the container in the background and return (default: wait, print its output, remove it)",
     "container": "the container's name (default: gpuprov-<name>-<UTC time>)",

@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 import sys
 
-from invoke import task
 from invoke.exceptions import Exit
 
 from gpuprov.core.config import path_setting
 from gpuprov.core.errors import InputError, literal
-from gpuprov.tasks._common import HOST_HELP, exits_cleanly
+from gpuprov.tasks._common import HOST_HELP, OUTPUT_HELP, exits_cleanly, read_inventory, task
 
 
 def _inventory_path(c, inventory: str | None):
@@ -20,17 +19,18 @@ def _inventory_path(c, inventory: str | None):
     return inventory or path_setting(c, "inventory")
 
 
-@task(help={"inventory": HOST_HELP["inventory"]})
+@task(help={"inventory": HOST_HELP["inventory"], "inventory_plugin": OUTPUT_HELP["inventory_plugin"]})
 @exits_cleanly
-def check(c, inventory=None):
-    """Validate an inventory: print every error as FILE:LINE:COL: key: message (exit 2 on any); with a slurm:
-    source, then read Slurm's nodes on its controller (exit 1, naming it, when it cannot be read)."""
-    from gpuprov.inventory import InventoryError, load_inventory
+def check(c, inventory=None, inventory_plugin=None):
+    """Validate an inventory: every error as FILE:LINE:COL: key: message, exit 2 on any.
+
+    With a slurm: source, then read Slurm's nodes on its controller (exit 1, naming it, when it cannot be read)."""
+    from gpuprov.inventory import InventoryError
 
     path = _inventory_path(c, inventory)
     shown = literal(str(path))
     try:
-        inv = load_inventory(path)
+        inv = read_inventory(c, path, inventory_plugin)
     except InventoryError as exc:
         for line in exc.errors:
             print(line, file=sys.stderr)
@@ -47,14 +47,13 @@ def check(c, inventory=None):
 
 
 @task(help={"host": "host name from the inventory", "inventory": HOST_HELP["inventory"],
-            "json": "print the host as JSON"})
+            "inventory_plugin": OUTPUT_HELP["inventory_plugin"], "json": "print the host as JSON"})
 @exits_cleanly
-def show(c, host, inventory=None, json_=False):
+def show(c, host, inventory=None, json_=False, inventory_plugin=None):
     """Show one host: connection settings and merged variables, with where each came from."""
     from gpuprov.core.json_text import dump_json
-    from gpuprov.inventory import load_inventory
 
-    inv = load_inventory(_inventory_path(c, inventory))
+    inv = read_inventory(c, _inventory_path(c, inventory), inventory_plugin)
     entry = inv.host(host)
     data = entry.to_dict()
     jump = inv.jump_host(entry)
@@ -68,11 +67,11 @@ def show(c, host, inventory=None, json_=False):
 
 
 def _print_host(data: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     from gpuprov.core.errors import mask_credentials
+    from gpuprov.core.report import console
 
     def cell(value) -> Text:
         """A table cell printed literally: no markup, control characters escaped, credentials masked."""
@@ -108,6 +107,6 @@ def _print_host(data: dict) -> None:
     for key, value in data["vars"].items():
         variables.add_row(cell(key), cell(value), cell(data["sources"][key]))
 
-    console = Console(soft_wrap=False, markup=False)
-    console.print(connection)
-    console.print(variables)
+    out = console()
+    out.print(connection)
+    out.print(variables)

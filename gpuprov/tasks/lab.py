@@ -3,19 +3,17 @@ and its image registry."""
 
 from __future__ import annotations
 
-from invoke import task
-
-from gpuprov.tasks._common import exits_cleanly, split_names, whole_number
+from gpuprov.tasks._common import exits_cleanly, split_names, task, whole_number
 
 # the lab network hands out addresses from the upper half of a /24, and each host has an SSH port on 127.0.0.1
 MAX_LAB_HOSTS = 100
 
 
 def _printer():
-    from rich.console import Console
+    from gpuprov.core.report import console, styled
 
-    console = Console(highlight=False)
-    return lambda line: console.print(line, markup=False, soft_wrap=True)
+    out = console()
+    return lambda line: out.print(styled(line), soft_wrap=True)
 
 
 @task(iterable=["profile"], help={
@@ -74,11 +72,8 @@ def registry(c):
 
 
 def _table(hosts) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from gpuprov.core.report import console, table
 
-    table = Table("host", "profile", "Debian", "state", "ssh", "internal IP")
-    for host in hosts:
-        table.add_row(host.name, host.profile, host.release, host.state, f"127.0.0.1:{host.port}",
-                      host.internal_ip or "-")
-    Console(markup=False).print(table)
+    console().print(table(["host", "profile", "Debian", "state", "ssh", "internal IP"],
+                          [[host.name, host.profile, host.release, host.state, f"127.0.0.1:{host.port}",
+                            host.internal_ip or "-"] for host in hosts]))

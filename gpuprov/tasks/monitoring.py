@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from invoke import task
-
-from gpuprov.tasks._common import BATCH_HELP, exits_cleanly, finish, host_task, open_fleet
+from gpuprov.tasks._common import BATCH_HELP, exits_cleanly, finish, host_task, open_fleet, task
 
 DASHBOARD_OUT = "build/monitoring/gpu-fleet.json"
 SERVER_HELP = "the monitoring host (an inventory host) whose Prometheus to use, reached through its SSH connection"
@@ -18,8 +16,9 @@ SERVER_HELP = "the monitoring host (an inventory host) whose Prometheus to use, 
 })
 def deploy(c, host=None, group=None, all=False, inventory=None, parallel=None, trust_new_hosts=False, dry_run=False,
            max_fail=None, json_=False, serial=None, batch_window=None, max_fail_percentage=None):
-    """Install and start node_exporter and dcgm-exporter (on the monitoring address) and the drift and idle-GPU
-    validation timers on hosts; then read each exporter's metrics."""
+    """Install node_exporter, dcgm-exporter and the drift and idle-GPU timers on hosts, then read the metrics.
+
+    The exporters listen on the monitoring address; each exporter's metrics are read back once it runs."""
     from gpuprov.core.runtime import run_fleet
     from gpuprov.monitoring.deploy import DeployJob
 
@@ -36,8 +35,9 @@ def deploy(c, host=None, group=None, all=False, inventory=None, parallel=None, t
             "json": "print the targets as JSON on stdout"})
 @exits_cleanly
 def targets(c, out=None, server=None, inventory=None, dry_run=False, trust_new_hosts=False, json_=False):
-    """Prometheus file_sd targets for every inventory host (labels: host, groups, GPU, stack, cost) and a scrape
-    configuration fragment; --server puts the targets on the monitoring host."""
+    """Write Prometheus file_sd targets for every inventory host and a scrape configuration fragment.
+
+    The targets' labels: host, groups, GPU, stack, cost. --server puts the targets on the monitoring host."""
     from pathlib import Path
 
     import yaml
@@ -76,8 +76,10 @@ def targets(c, out=None, server=None, inventory=None, dry_run=False, trust_new_h
             "json": "print the run report as JSON on stdout"})
 @exits_cleanly
 def server(c, host=None, inventory=None, dry_run=False, trust_new_hosts=False, json_=False):
-    """Install Prometheus (the distribution's package, port 9090) on a monitoring host with gpuprov's scrape
-    configuration, alert rules (checked by its promtool first) and every inventory host as a target."""
+    """Install Prometheus on a monitoring host, with every inventory host as a target.
+
+    The distribution's package (port 9090), gpuprov's scrape configuration and alert rules (checked by its
+    promtool first)."""
     from gpuprov.core.errors import InputError
     from gpuprov.core.runtime import run_fleet
     from gpuprov.monitoring.deploy import ServerJob
@@ -90,7 +92,7 @@ def server(c, host=None, inventory=None, dry_run=False, trust_new_hosts=False, j
 
 
 @task(help={"hours": "how long a GPU must have stayed under the threshold (default 6; fractions allowed)",
-            "threshold": "utilisation (%%) under which a GPU is idle (default 5, as the GpuprovGpuIdle alert's)",
+            "threshold": "utilisation (percent) under which a GPU is idle (default 5, as the GpuprovGpuIdle alert's)",
             "server": SERVER_HELP, "prometheus": "Prometheus's URL, when the controller reaches it directly",
             "inventory": "inventory file (default: gpuprov.inventory)",
             "trust_new_hosts": "record an unknown host key of the server (trust on first use)",

@@ -30,7 +30,7 @@ RUN_HELP = {
               "| always",
     "disrupt": "allow disruptive steps (driver change, reboot, fabric manager or Docker restart) even while "
                "GPU processes, containers or Slurm jobs run on the host",
-    "only": "comma list of components: " + ONLY_CHOICES,
+    "only": "comma list of components: " + ONLY_CHOICES.replace(",", ", "),
     "skip_preflight": "provision even when a preflight check fails",
     "update_lock": "move the lock file to the newly resolved stack",
     "json": "print the run report as JSON on stdout",

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from invoke import task
-
-from gpuprov.tasks._common import check_output_files, exits_cleanly, split_names
+from gpuprov.tasks._common import check_output_files, exits_cleanly, split_names, task
 
 
 @task(iterable=["report"], help={

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import re
 
-from invoke import task
-
 from gpuprov.core.errors import literal
-from gpuprov.tasks._common import HOST_HELP, exits_cleanly, finish, open_fleet
+from gpuprov.tasks._common import finish, host_task, open_fleet
 
 DRAINS = ("slurm", "hook", "none")
 VALIDATIONS = ("quick", "burn-in", "none")
@@ -15,8 +13,7 @@ _DURATION = re.compile(r"([0-9]+)(s|m|min|h|d)?")
 _UNITS = {None: 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 
 
-@task(iterable=["host", "group"], help={
-    **HOST_HELP,
+@host_task(shards=False, help={
     "to_lock": "roll out to this lock file (PATH), or `previous`: the governing lock's last version (rollback)",
     "update_lock": "re-resolve the stack and move the lock to it (the old lock is kept in locks/history/)",
     "batch": "hosts upgraded at once after the canary: a count (2) or a share (25%); default 1",
@@ -35,7 +32,6 @@ _UNITS = {None: 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
     "shard": "refused: a rollout is not split into shards (its --max-unavailable, canary and batches are budgets "
              "over the whole selection); roll out from one controller",
 })
-@exits_cleanly
 def rollout(c, host=None, group=None, all=False, inventory=None, to_lock=None, update_lock=False, batch="1",
             max_unavailable="25%", canary="1", drain=None, wait_jobs="1h", validate="quick", checks=None,
             max_fail="1", dry_run=False, status=False, json_=False, trust_new_hosts=False, parallel=None,

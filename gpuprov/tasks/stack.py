@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 
-from invoke import task
 from invoke.exceptions import Exit
 
 from gpuprov.core.config import path_setting
@@ -20,6 +19,7 @@ from gpuprov.tasks._common import (
     parallel_setting,
     select_hosts,
     split_names,
+    task,
     whole_number,
 )
 
@@ -53,6 +53,8 @@ def resolve(c, gpu=None, os=None, gpus=None, nvswitch=False, cuda=None, driver=N
     count = 1 if gpus is None else whole_number("--gpus", gpus, 1)
     stack = do_resolve(gpu, os, gpus=count, nvswitch=nvswitch, cuda=cuda, driver=driver,
                        pytorch=pytorch, ngc=ngc, nccl=nccl, forward_compat=forward_compat)
+    for warning in stack.warnings:
+        print(f"warning: {literal(warning)}", file=sys.stderr)
     if json_:
         print(dump_json(stack.to_dict(), indent=None))
         return
@@ -67,14 +69,9 @@ def _required(option: str, value: str | None, accepted: str) -> str:
 
 
 def _print_stack(data: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from gpuprov.core.report import console, table
 
     gpu = data["gpu"]
-    table = Table(title=f"{gpu['model']} ({gpu['arch']}, sm_{gpu['compute_capability'].replace('.', '')}) "
-                        f"on {data['os']}")
-    for column in ("component", "version", "packages"):
-        table.add_column(column)
     driver = data["driver"]
     rows = [("driver", f"{driver['version']} (R{driver['branch']}, {driver['kernel_modules']} modules)", driver),
             ("cuda", data["cuda"]["version"] + (" + forward compat" if data["forward_compat"] else ""), data["cuda"]),
@@ -83,14 +80,16 @@ def _print_stack(data: dict) -> None:
             ("fabric manager", data["fabricmanager"]["version"] if data["fabricmanager"] else "-",
              data["fabricmanager"]),
             ("dcgm", data["dcgm"]["version"], data["dcgm"])]
-    for name, version, part in rows:
-        pkgs = "\n".join(f"{p['name']}={p['version']}" for p in (part or {}).get("packages", []))
-        table.add_row(name, version, pkgs)
-    table.add_row("ngc pytorch", f"nvcr.io/nvidia/pytorch:{data['ngc_pytorch']}" if data["ngc_pytorch"] else "-", "")
+    cells = [[name, version, "\n".join(f"{p['name']}={p['version']}" for p in (part or {}).get("packages", []))]
+             for name, version, part in rows]
+    cells.append(["ngc pytorch", f"nvcr.io/nvidia/pytorch:{data['ngc_pytorch']}" if data["ngc_pytorch"] else "-",
+                  ""])
     torch = data["pytorch"]
-    table.add_row("pytorch wheel", f"torch {torch['version']} ({torch['wheel']})" if torch else "-",
-                  f"https://download.pytorch.org/whl/{torch['wheel']}" if torch else "")
-    Console(markup=False).print(table)
+    cells.append(["pytorch wheel", f"torch {torch['version']} ({torch['wheel']})" if torch else "-",
+                  f"https://download.pytorch.org/whl/{torch['wheel']}" if torch else ""])
+    console().print(table(["component", "version", "packages"], cells,
+                          title=f"{gpu['model']} ({gpu['arch']}, sm_{gpu['compute_capability'].replace('.', '')}) "
+                                f"on {data['os']}"))
 
 
 _COMPONENTS = ("gpus", "cuda", "forward_compat", "drivers", "nccl", "container_toolkit", "dcgm", "ngc_pytorch",
@@ -135,21 +134,15 @@ def _matrix_rows(component: str) -> tuple[list[str], list[list]]:
 @exits_cleanly
 def matrix(c, component=None):
     """Show the compatibility tables gpuprov resolves from."""
-    from rich.console import Console
-    from rich.table import Table
+    from gpuprov.core.report import console, table
 
     if component and component not in _COMPONENTS:
         print(f"error: unknown component {component!r}. Accepted: {', '.join(_COMPONENTS)}", file=sys.stderr)
         raise Exit(code=2)
-    console = Console(markup=False)
+    out = console()
     for name in [component] if component else _COMPONENTS:
         columns, rows = _matrix_rows(name)
-        table = Table(title=name)
-        for column in columns:
-            table.add_column(column)
-        for row in rows:
-            table.add_row(*("-" if v is None else str(v) for v in row))
-        console.print(table)
+        out.print(table(columns, [["-" if v is None else str(v) for v in row] for row in rows], title=name))
 
 
 @host_task(help={"os": "OS key of the hosts (default: gathered from the hosts over SSH)",
@@ -179,7 +172,8 @@ def lock(c, host=None, group=None, all=False, inventory=None, os=None, parallel=
                               "the hosts")
     parallel_setting(c, parallel)
     inv, hosts = select_hosts(c, host, group, all, inventory, connects=os is None)
-    targets = _lock_targets(inv, hosts, split_names(group, "--group"), split_names(host, "--host"), all)
+    by_host = [h.name for h in inv.select([str(value) for value in host or []], [], False)] if host else []
+    targets = _lock_targets(inv, hosts, split_names(group, "--group"), by_host, all)
     new_folder = check_folder("gpuprov.locks", path_setting(c, "locks"), write=True)
     check_output_files("gpuprov.locks", [path_setting(c, "locks") / f"{name}.lock.yaml" for name in targets])
     images = _locked_images([image] if image is not None else None, registry)
@@ -250,8 +244,9 @@ def _lock_targets(inv, hosts, groups: list[str], names: list[str], all_: bool) -
 
 @host_task(help={"json": "print JSON"})
 def check(c, host=None, group=None, all=False, inventory=None, json_=False, parallel=None, trust_new_hosts=False):
-    """Compare hosts with their stack (lock file, else resolved) and print each mismatch with its remedy; a locked
-    image whose minimum driver the host's driver no longer meets is one."""
+    """Compare hosts with their stack (lock file, else resolved) and print each mismatch with its remedy.
+
+    A locked image whose minimum driver the host's driver no longer meets is a mismatch too."""
     from gpuprov.core.report import check_folder
     from gpuprov.stack.check import check_host, image_mismatches
     from gpuprov.stack.lock import locked_images, locks_for

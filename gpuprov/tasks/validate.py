@@ -4,8 +4,6 @@ reports."""
 
 from __future__ import annotations
 
-from invoke import task
-
 from gpuprov.tasks._common import (
     check_output_files,
     current_shard,
@@ -14,6 +12,7 @@ from gpuprov.tasks._common import (
     host_task,
     open_fleet,
     split_names,
+    task,
 )
 from gpuprov.validation.slurm_jobs import DEFAULT_NICE, DEFAULT_START_DEADLINE
 

@@ -12,13 +12,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuprov.core.errors import GpuprovError, InputError
+from gpuprov.core.errors import GpuprovError, InputError, literal
 from gpuprov.core.runtime import HostJob, HostRecord, Say
 from gpuprov.validation import LAYOUT, Layout
 from gpuprov.validation.slurm_jobs import SlurmOptions
 
 TEXTFILE = "gpuprov_validate.prom"
 REPORT_OUTPUT = 65536   # characters of a stopped host's output its report entry keeps (the tail)
+MATRIX_HOSTS = 8        # past this many hosts, the console shows the compact matrix instead of a table per host
+STYLES = {"fail": "bold red", "warn": "yellow", "pass": "green", "skip": "dim", "error": "bold red",
+          "partial": "cyan"}
 
 
 @dataclass(frozen=True)
@@ -312,8 +315,7 @@ class ValidateJob(HostJob):
     def finish(self, fleet, records: list, entries: list[dict]) -> dict:
         """The fleet verdicts, the all-reduce across the hosts (--multi-node), the entries made again from the
         records, each host's textfile placed on it (unless --no-textfile) and kept in <reports>/textfile/."""
-        from gpuprov.core.report import replace_file
-        from gpuprov.validation.report import prometheus_textfile
+        from gpuprov.validation.report import write_prometheus_textfile
 
         # a failed host's record (its entry was made from it) is kept by name: the all-reduce names it too
         runs = [record or self.records[entry["host"]] for record, entry in zip(records, entries, strict=True)]
@@ -324,8 +326,8 @@ class ValidateJob(HostJob):
         entries[:] = [run.to_dict() for run in runs]
         if self.options.textfile:
             _publish(fleet, runs, entries, finished)
-        textfiles = {entry["host"]: str(replace_file(fleet.reports / "textfile" / f"{entry['host']}.prom",
-                                                     prometheus_textfile(entry, finished))) for entry in entries}
+        textfiles = {entry["host"]: str(write_prometheus_textfile(fleet.reports / "textfile" / f"{entry['host']}.prom",
+                                                                  entry, finished)) for entry in entries}
         return {"finished": finished, "finished_epoch": finished, "multi_node": self.multi_node,
                 "textfiles": textfiles}
 
@@ -345,34 +347,16 @@ class ValidateJob(HostJob):
                 "skip": found.get("skip", 0), "seconds": f"{entry.get('seconds', 0):.1f}", "detail": detail[:160]}
 
     def print_details(self, entries: list[dict]) -> None:
-        """A table per host (every check with its status, figures and reason; a host whose validation stopped: its
-        error), then the all-reduce's verdict. Names, reasons and errors are printed as written."""
-        from rich.table import Table
-
+        """Up to MATRIX_HOSTS hosts, a table per host (every check with its status, figures and reason; a host whose
+        validation stopped: its error); past that, the compact host x check matrix and the failures (print_matrix).
+        Then the all-reduce's verdict. Names, reasons and errors are printed as written."""
         from gpuprov.core.report import console, styled
 
         out = console()
-        styles = {"fail": "bold red", "warn": "yellow", "pass": "green", "skip": "dim"}
-        for entry in entries:
-            if entry.get("error") and not entry.get("results"):
-                error = entry["error"]
-                out.print(styled(f"{entry['host']}: validation stopped", "bold red"), styled(error.get("error") or ""))
-                for key in ("step", "command", "hint"):
-                    if error.get(key):
-                        out.print(styled(f"  {key}: {error[key]}"))
-                lines = [line for line in str(error.get("output") or "").splitlines() if line.strip()]
-                for line in lines[-3:]:
-                    out.print(styled(f"  output: {line}"))
-                continue
-            title = f"{entry['host']} ({entry.get('gpu') or 'GPU unknown'}, {entry.get('level')}" + (
-                f", image {entry['image']}" if entry.get("image") else "") + ")"
-            table = Table(title=styled(title), title_justify="left")
-            for column in ("check", "status", "figures", "reason"):
-                table.add_column(column, overflow="fold")
-            for item in entry.get("results") or []:
-                table.add_row(styled(item["check"]), styled(item["status"], styles.get(item["status"])),
-                              styled(_figures_text(item.get("figures") or {})), styled(item["reason"]))
-            out.print(table)
+        if len(entries) > MATRIX_HOSTS:
+            print_matrix(entries, out)
+        else:
+            _print_tables(entries, out)
         summary = self.multi_node
         if summary:
             status = summary.get("status")
@@ -388,6 +372,79 @@ class ValidateJob(HostJob):
         options = self.options
         return {"level": options.level, "strict": options.strict, "image": options.image,
                 "only": list(options.only) if options.only else None, "started": self.started}
+
+
+def _print_tables(entries: list[dict], out) -> None:
+    """A table per host: every check with its status, figures and reason; a host whose validation stopped: its
+    error with its step, command, hint and the last lines of its output."""
+    from rich.table import Table
+
+    from gpuprov.core.report import styled
+
+    for entry in entries:
+        if entry.get("error") and not entry.get("results"):
+            error = entry["error"]
+            out.print(styled(f"{entry['host']}: validation stopped", "bold red"), styled(error.get("error") or ""))
+            for key in ("step", "command", "hint"):
+                if error.get(key):
+                    out.print(styled(f"  {key}: {error[key]}"))
+            lines = [line for line in str(error.get("output") or "").splitlines() if line.strip()]
+            for line in lines[-3:]:
+                out.print(styled(f"  output: {line}"))
+            continue
+        title = f"{entry['host']} ({entry.get('gpu') or 'GPU unknown'}, {entry.get('level')}" + (
+            f", image {entry['image']}" if entry.get("image") else "") + ")"
+        table = Table(title=styled(title), title_justify="left")
+        for column in ("check", "status", "figures", "reason"):
+            table.add_column(column, overflow="fold")
+        for item in entry.get("results") or []:
+            table.add_row(styled(item["check"]), styled(item["status"], STYLES.get(item["status"])),
+                          styled(_figures_text(item.get("figures") or {})), styled(item["reason"]))
+        out.print(table)
+
+
+def print_matrix(entries: list[dict], out, width: int = 120) -> None:
+    """The compact view of a large run: a line per host (failures first, then by name) with its status and one
+    character per check (gpuprov.validation.matrix.GLYPHS), the checks' legend wrapped at `width`, then every
+    failure (host, check, reason) on a line of its own."""
+    from rich.text import Text
+
+    from gpuprov.core.report import styled
+    from gpuprov.validation.matrix import GLYPHS, cells, checks, failures, labels, ordered
+
+    hosts = ordered(entries)
+    names = checks(hosts)
+    tags = labels(len(names))
+    gap = " " if tags and len(tags[0]) > 1 else ""   # one-letter columns side by side, longer ones spaced
+    legend = ", ".join(f"{GLYPHS[status]} {status}" for status in ("fail", "warn", "skip", "pass"))
+    out.print(styled(f"validate: {len(hosts)} hosts x {len(names)} checks ({legend}, blank: not run)"),
+              soft_wrap=True)
+    name_width = max(len("host"), *(len(literal(str(entry["host"]))) for entry in hosts))
+    status_width = max(len("status"), *(len(str(entry.get("status", ""))) for entry in hosts))
+    out.print(styled(f"{'host':<{name_width}}  {'status':<{status_width}}  {gap.join(tags)}"), soft_wrap=True)
+    for entry in hosts:
+        status = str(entry.get("status", ""))
+        line = Text.assemble(styled(f"{literal(str(entry['host'])):<{name_width}}  "),
+                             styled(f"{status:<{status_width}}", STYLES.get(status)), "  ")
+        for index, found in enumerate(cells(entry, names)):
+            line.append_text(styled(gap * bool(index) + (GLYPHS[found] if found else " ").rjust(len(tags[index])),
+                                    STYLES.get(found)))
+        if entry.get("error") and not entry.get("results"):
+            line.append_text(styled("  validation stopped", "bold red"))
+        out.print(line, soft_wrap=True)
+    line_text = "checks:"
+    for tag, name in zip(tags, names, strict=True):   # "a fleet.perf.allreduce," items, never split
+        item = f" {tag} {name}" + ("," if name != names[-1] else "")
+        if len(line_text) + len(item) > width and line_text.strip():
+            out.print(styled(line_text), soft_wrap=True)
+            line_text = " " * len("checks:")
+        line_text += item
+    if names:
+        out.print(styled(line_text), soft_wrap=True)
+    found = failures(hosts)
+    out.print(styled(f"failures: {len(found)}", "bold red" if found else "green"), soft_wrap=True)
+    for host, check, reason in found:
+        out.print(styled(f"  {host} {check}: {reason}"), soft_wrap=True)
 
 
 def _figures_text(figures: dict, limit: int = 6) -> str:

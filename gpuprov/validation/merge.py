@@ -214,11 +214,12 @@ def write_merged(out: Path, payload: dict) -> dict[str, str]:
     from gpuprov.core.errors import mask_credentials
     from gpuprov.core.json_text import dump_json
     from gpuprov.core.report import replace_file
-    from gpuprov.validation.report import junit_report, prometheus_textfile
+    from gpuprov.validation.report import junit_report, write_prometheus_textfile
 
     folder = out.parent / "textfile"
-    payload["textfiles"] = {entry["host"]: str(replace_file(folder / f"{entry['host']}.prom", mask_credentials(
-        prometheus_textfile(entry, payload["finished"])))) for entry in payload["hosts"]}
+    payload["textfiles"] = {entry["host"]: str(write_prometheus_textfile(folder / f"{entry['host']}.prom", entry,
+                                                                         payload["finished"]))
+                            for entry in payload["hosts"]}
     junit = replace_file(out.with_name(out.name.removesuffix(".json") + ".xml"),
                          mask_credentials(junit_report(payload["hosts"])))
     report = replace_file(out, dump_json(payload, sort_keys=True))

@@ -466,7 +466,7 @@ def _torchrun_result(run: _Run, outcomes: list, summary: dict) -> dict:
     summary["worker_uids"] = found.get("uids")
     if found["backend"] == "nccl":
         summary["transport"] = transports
-    status, reason, figures = _verdict(found, nodes, transports, run.user)
+    status, reason, figures = run_verdict(found, nodes, transports, run.user)
     summary.update(status=status, reason=reason, figures=figures)
     shown = ("nccl_network", "rdma_devices", "rdma_reachable") if found["backend"] == "nccl" else ()
     per_host = {n.name: {**figures, **{key: transports.get(n.name, {}).get(key) for key in shown}} for n in nodes}
@@ -474,7 +474,7 @@ def _torchrun_result(run: _Run, outcomes: list, summary: dict) -> dict:
             "summary": summary}
 
 
-def _verdict(found: dict, nodes: list[Node], transports: dict, user: str) -> tuple[str, str, dict]:
+def run_verdict(found: dict, nodes: list[Node], transports: dict, user: str) -> tuple[str, str, dict]:
     """(status, reason, figures) of the all-reduce every node's torchrun printed as `found`: the workers not root,
     every process there, every element right, no socket fallback where RDMA devices are."""
     world = sum(n.nproc for n in nodes)

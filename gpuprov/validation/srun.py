@@ -128,7 +128,7 @@ def run_srun(members: list[Member], hosts: list, run_on, controller, options: Sl
     """Prepare each host over SSH (worker file, worker user, old outputs removed), submit the allocation, wait for
     it, read every node's task output back. `run_on(hosts, work)` runs work(conn) on hosts (fleet.run);
     `controller`: (runner, name). Returns {"results": {host: result}, "summary": {...}} as multinode does."""
-    from gpuprov.validation.multinode import _verdict
+    from gpuprov.validation.multinode import run_verdict
     from gpuprov.validation.remote import Remote
 
     nodes = [m.node for m in members]
@@ -192,7 +192,7 @@ def run_srun(members: list[Member], hosts: list, run_on, controller, options: Sl
                       + ("" if found is None else " after printing its result") + f": {tail or 'no output'}")
     transports = {name: host_transport(text) for name, text in outputs.items()}
     summary["worker_uids"] = found.get("uids")
-    status, reason, figures = _verdict(found, nodes, transports, user)
+    status, reason, figures = run_verdict(found, nodes, transports, user)
     summary.update(status=status, reason=reason, figures=figures)
     return {"results": {n.name: result(status, reason, figures, len(nodes)) for n in nodes},
             "summary": summary}

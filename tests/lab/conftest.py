@@ -1,7 +1,9 @@
 """The lab for lab tests: three hosts (hgx-h100, l40s, a100-pcie), brought up once per session.
 
 Modules that need other hosts (`gpuprov.lab.up` with other profiles) or provision the session's hosts leave the
-lab changed; before each module the lab is checked and, when it is not the session's bare hosts, recreated.
+lab changed; before each module the lab is checked and, when it is not the session's bare hosts, recreated. A
+module that brings up a fleet of its own declares `OWN_FLEET = True` and is not given the bare hosts first: they
+would be replaced at once (a recreation costs about 20 s on CI's two cores).
 """
 
 from __future__ import annotations
@@ -53,10 +55,14 @@ def lab_is_bare(state) -> bool:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def bare_lab(lab):
-    """Before each module: the session's bare hosts (recreated when an earlier module changed them)."""
+def bare_lab(request):
+    """Before each module: the session's bare hosts (recreated when an earlier module changed them), except for a
+    module with a fleet of its own (OWN_FLEET), which gets None."""
     import gpuprov.lab
 
+    if getattr(request.module, "OWN_FLEET", False):
+        return None
+    lab = request.getfixturevalue("lab")
     if not lab_is_bare(lab):
         again = gpuprov.lab.up(len(LAB_PROFILES), LAB_PROFILES, paths=lab.paths, progress=print, fresh=True)
         lab.hosts[:] = again.hosts

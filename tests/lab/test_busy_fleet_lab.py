@@ -15,6 +15,7 @@ import yaml
 from labutil import ROOT, copy_inventory, invoke, invoke_json, on_host, snapshot
 
 pytestmark = pytest.mark.lab
+OWN_FLEET = True   # conftest.bare_lab: the fleet below replaces the session's hosts
 PROFILES = ["hgx-h100", "l40s"]
 COMPUTE_APPS = "/etc/gpuprov-lab/compute-apps.csv"  # what the lab's nvidia-smi reports as compute apps
 NVIDIA = re.compile(r"^Inst (nvidia|libnvidia|cuda|libcuda|libnccl|datacenter-gpu-manager|xserver-xorg-video-nvidia)",

@@ -17,6 +17,7 @@ from gpuprov.lab import slurm
 from gpuprov.lab.faults import clear_faults, set_faults
 
 pytestmark = pytest.mark.lab
+OWN_FLEET = True   # conftest.bare_lab: the fleet below replaces the session's hosts
 
 NODES = [f"gpuprov-lab-0{i}" for i in range(1, 5)]
 CONTROLLER = "gpuprov-lab-05"
@@ -28,11 +29,6 @@ TEXTFILE = "/var/lib/prometheus/node-exporter/gpuprov_health.prom"
 TEXT = f"cat {TEXTFILE}"
 FILES = ("/etc/slurm/slurm.conf /usr/local/sbin/gpuprov-health /usr/local/sbin/gpuprov-health-epilog "
          "/etc/gpuprov/health.json")
-
-
-@pytest.fixture(scope="module")
-def bare_lab():
-    """This module brings up its own fleet (the session's bare lab is not needed)."""
 
 
 @pytest.fixture(scope="module")

@@ -14,17 +14,13 @@ from labutil import invoke, invoke_json, on_host, slurm_fleet, snapshot, wait_fo
 from gpuprov.lab.profiles import load_profiles
 
 pytestmark = pytest.mark.lab
+OWN_FLEET = True   # conftest.bare_lab: the fleet below replaces the session's hosts
 
 GPU_PROFILES = ["hgx-h100", "l40s"]
 CONTROLLER = "gpuprov-lab-03"
 NODES = ["gpuprov-lab-01", "gpuprov-lab-02"]
 # a drain reason an admin could type: a pipe, quotes, a backslash, shell syntax, a tab, non-ASCII letters
 REASON = 'bad fan | "psu 2" \\ $(id) ; tab\there ünï'
-
-
-@pytest.fixture(scope="module")
-def bare_lab():
-    """This module brings up its own fleet (the session's bare lab is not needed)."""
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import pytest
 from labutil import ROOT, copy_inventory, invoke, invoke_json, on_host, snapshot
 
 pytestmark = pytest.mark.lab
+OWN_FLEET = True   # conftest.bare_lab: the fleet below replaces the session's hosts
 PROFILES = ["hgx-h100", "l40s", "a100-pcie"]
 
 

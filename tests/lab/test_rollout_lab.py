@@ -31,16 +31,12 @@ from gpuprov.lab import slurm
 from gpuprov.lab.faults import injected
 
 pytestmark = pytest.mark.lab
+OWN_FLEET = True   # conftest.bare_lab: the fleet below replaces the session's hosts
 
 NODES = [f"gpuprov-lab-0{i}" for i in range(1, 5)]
 CHECKS = "host.gpus,host.pcie"
 # the installed versions of the package every NVIDIA driver branch has (nvidia-kernel-common or -common-580)
 DRIVER = "dpkg-query -W -f '${db:Status-Abbrev}${Version}\\n' 'nvidia-kernel-common*' | sed -n 's/^[hi]i *//p'"
-
-
-@pytest.fixture(scope="module")
-def bare_lab():
-    """This module brings up its own fleet (the session's bare lab is not needed)."""
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +130,7 @@ def test_a_busy_fleet_moves_to_a_new_branch_without_killing_a_job(fleet):
     assert [slurm.node_state(state, n) for n in NODES] == [("idle", "")] * 4
     assert len(list((folder / "locks" / "history").glob("gpu.*.lock.yaml"))) == 1, "the old lock kept"
     metric = on_host(state, NODES[0], "cat /var/lib/prometheus/node-exporter/gpuprov_rollout.prom")
-    assert f'gpuprov_rollout_state{{run="{report["run_id"]}",state="resumed"}} 1' in metric.splitlines()
+    assert f'gpuprov_rollout_state{{run="{report["run_id"]}",state="resumed"}} 1.0' in metric.splitlines()
 
 
 def second_host_validating(journals: Path) -> Path | None:

@@ -23,6 +23,7 @@ import pytest
 from labutil import invoke
 
 pytestmark = pytest.mark.lab
+OWN_FLEET = True   # conftest.bare_lab: the fleet below replaces the session's hosts
 PROFILES = ["hgx-h100"] * 4
 ONLY = ("--only", "perf.matmul,host.shm", "--no-textfile")
 GROUP = "H100-SXM (CPU, quick)"      # the H100 SXM hosts, measured on the CPU (the lab's torch has no CUDA)

@@ -16,15 +16,11 @@ from gpuprov.lab import slurm
 from gpuprov.lab.profiles import load_profiles
 
 pytestmark = pytest.mark.lab
+OWN_FLEET = True   # conftest.bare_lab: the fleet below replaces the session's hosts
 
 GPU_PROFILES = ["hgx-h100", "l40s"]
 CONTROLLER = "gpuprov-lab-03"
 NODES = ["gpuprov-lab-01", "gpuprov-lab-02"]
-
-
-@pytest.fixture(scope="module")
-def bare_lab():
-    """This module brings up its own fleet (the session's bare lab is not needed)."""
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ import pytest
 from labutil import invoke, on_host
 
 pytestmark = pytest.mark.lab
+OWN_FLEET = True   # conftest.bare_lab: the fleet below replaces the session's hosts
 PROFILES = ["hgx-h100"] * 3
 PYTHON = "/opt/gpuprov/venv/bin/python"
 TEXTFILE = "/var/lib/prometheus/node-exporter/gpuprov_validate.prom"   # validate.textfile_dir's default

@@ -33,6 +33,7 @@ import pytest
 from labutil import on_host
 
 pytestmark = pytest.mark.lab
+OWN_FLEET = True   # conftest.bare_lab: the fleet below replaces the session's hosts
 PROFILES = ["l40s", "l40s@bullseye", "l40s@trixie"]
 SERIES = {"bookworm": "3.11", "bullseye": "3.9", "trixie": "3.13"}    # python3 of Debian 12, 11 and 13
 DRIVER = "590.48.01"

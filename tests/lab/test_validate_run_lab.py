@@ -21,6 +21,7 @@ from labutil import copy_inventory, invoke, on_host
 from gpuprov.lab import faults as lab_faults
 
 pytestmark = pytest.mark.lab
+OWN_FLEET = True   # conftest.bare_lab: the fleet below replaces the session's hosts
 PROFILES = ["hgx-h100", "hgx-h100"]
 VENV = "/opt/gpuprov/venv"
 TEXTFILE = "/var/lib/prometheus/node-exporter/gpuprov_validate.prom"   # validate.textfile_dir's default

@@ -23,16 +23,12 @@ from labutil import ROOT, invoke, on_host, slurm_fleet, wait_for
 from gpuprov.lab import slurm
 
 pytestmark = pytest.mark.lab
+OWN_FLEET = True   # conftest.bare_lab: the fleet below replaces the session's hosts
 
 GPU_PROFILES = ["hgx-h100", "l40s"]
 CONTROLLER = "gpuprov-lab-03"
 NODES = ["gpuprov-lab-01", "gpuprov-lab-02"]
 CHECKS = "host.shm"
-
-
-@pytest.fixture(scope="module")
-def bare_lab():
-    """This module brings up its own fleet (the session's bare lab is not needed)."""
 
 
 @pytest.fixture(scope="module")

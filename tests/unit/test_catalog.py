@@ -56,9 +56,9 @@ def test_unknown_name_suggests_and_lists():
     assert exc.value.message == (
         "unknown GPU model 'rtx4090' (did you mean 'RTX-4090', 'RTX-5090', '4090'?). Accepted: a catalog model "
         "(V100-SXM2-16GB, V100-SXM2-32GB, V100-PCIE-16GB, V100-PCIE-32GB, T4, A10, A100-PCIE-40GB, A100-SXM4-40GB, "
-        "A100-PCIE-80GB, A100-SXM4-80GB, L4, L40S, H100-PCIE, H100-SXM, H200-SXM, B200, GB200, B300, RTX-4090, "
-        "RTX-5090), one of its aliases, or the name nvidia-smi prints for it; invoke stack.matrix --component gpus "
-        "lists them all")
+        "A100-PCIE-80GB, A100-SXM4-80GB, L4, L40S, H100-PCIE, H100-SXM, H100-NVL, H200-SXM, GH200-96GB, GH200-144GB, "
+        "B200, GB200, B300, RTX-4090, RTX-5090), one of its aliases, or the name nvidia-smi prints for it; invoke "
+        "stack.matrix --component gpus lists them all")
 
 
 def test_close_names_are_spelled_as_the_catalog_spells_them():

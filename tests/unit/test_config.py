@@ -35,10 +35,11 @@ INVENTORY = textwrap.dedent("""\
       gpu01: {address: 192.0.2.11, groups: [hgx]}
     """)
 KEYS = ("inventory, parallel, connect_timeout, connect_retries, command_timeout, confirm_timeout, known_hosts, "
-        "reports, locks, wheelhouse")
+        "ssh_config, reports, locks, wheelhouse")
 ENV_KEYS = ("INVOKE_GPUPROV_INVENTORY, INVOKE_GPUPROV_PARALLEL, INVOKE_GPUPROV_CONNECT_TIMEOUT, "
             "INVOKE_GPUPROV_CONNECT_RETRIES, INVOKE_GPUPROV_COMMAND_TIMEOUT, INVOKE_GPUPROV_CONFIRM_TIMEOUT, "
-            "INVOKE_GPUPROV_KNOWN_HOSTS, INVOKE_GPUPROV_REPORTS, INVOKE_GPUPROV_LOCKS, INVOKE_GPUPROV_WHEELHOUSE")
+            "INVOKE_GPUPROV_KNOWN_HOSTS, INVOKE_GPUPROV_SSH_CONFIG, INVOKE_GPUPROV_REPORTS, INVOKE_GPUPROV_LOCKS, "
+            "INVOKE_GPUPROV_WHEELHOUSE")
 
 
 @pytest.fixture(autouse=True)

@@ -711,6 +711,39 @@ def test_epilog_diag_that_passes_leaves_the_node(host):
     assert host.calls("scontrol") == []
 
 
+def test_a_second_failed_job_without_a_fault_costs_no_second_diagnostic_within_the_hour(host):
+    diag(host, "Pass")
+    cluster(host, partition(4))
+    host.env.update(SLURM_JOB_EXIT_CODE2="1:0", SLURMD_NODENAME="gpu01")
+    assert host.run("--epilog").returncode == 0
+    assert host.run("--epilog").returncode == 0
+    assert (host.tmp / "dcgmi.log").read_text() == "dcgmi diag -r 1 -j\n"   # the first job's only
+    last = json.loads((host.tmp / "state" / "last-epilog.json").read_text())
+    assert last["checks"]["dcgm_diag"].startswith("skipped: no new fault found, and the last diagnostic ran")
+    # an hour later (the state's time moved back), the next failed job gets one again
+    state = json.loads((host.tmp / "state" / "state.json").read_text())
+    state["deep_at"] -= 3601
+    (host.tmp / "state" / "state.json").write_text(json.dumps(state))
+    assert host.run("--epilog").returncode == 0
+    assert (host.tmp / "dcgmi.log").read_text().count("dcgmi diag") == 2
+
+
+def test_a_failed_job_with_a_fault_found_gets_the_diagnostic_within_the_hour(host):
+    diag(host, "Fail")
+    cluster(host, partition(4))
+    host.env.update(SLURM_JOB_EXIT_CODE2="1:0", SLURMD_NODENAME="gpu01")
+    assert host.run("--epilog", "--deep-every", "86400").returncode == 0
+    failing(host)   # a PCIe link at x8: a fault the last diagnostic did not see
+    assert host.run("--epilog", "--deep-every", "86400").returncode == 0
+    assert host.run("--epilog", "--deep-every", "86400").returncode == 0   # the same fault: not again
+    assert (host.tmp / "dcgmi.log").read_text().count("dcgmi diag") == 2
+
+
+def test_deep_every_out_of_range_is_bad_input(host):
+    done = host.run("--deep-every", "-1")
+    assert done.returncode == 2 and "--deep-every -1: expected 0 to 604800 seconds" in done.stderr
+
+
 def test_epilog_never_fails_even_on_bad_input(host):
     (host.tmp / "health.json").write_text("{not json")
     host.env["SLURM_JOB_EXIT_CODE2"] = "1:0"

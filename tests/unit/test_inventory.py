@@ -288,7 +288,7 @@ def test_ansible_inventory_loads_as_it_is(tmp_path):
     inv = load_inventory(write(tmp_path, ANSIBLE))
     assert inv.format == "ansible"
     assert list(inv.hosts) == ["bastion", "gpu01", "gpu02"]
-    assert list(inv.groups) == ["gpus", "hgx", "inference"]
+    assert list(inv.groups) == ["gpus", "hgx", "inference", "ungrouped"]  # Ansible's: bastion is in ungrouped
     gpu01 = inv.hosts["gpu01"]
     assert (gpu01.address, gpu01.port, gpu01.user, gpu01.jump) == ("10.0.0.1", 2201, "ubuntu", "bastion")
     assert gpu01.identity_file == str(tmp_path / "id_fleet")
@@ -297,8 +297,9 @@ def test_ansible_inventory_loads_as_it_is(tmp_path):
     assert gpu01.vars == {"site": "dc1", "hardware": {"gpu": "H100-SXM", "count": 8, "nvswitch": True},
                           "rack": "r1"}
     assert gpu01.sources == {"site": "defaults", "hardware": "group:gpus", "rack": "host"}
-    assert inv.hosts["gpu02"].groups == ("gpus", "hgx", "inference")
-    assert inv.hosts["bastion"].port == 2222 and inv.hosts["bastion"].groups == ()
+    # Ansible's precedence order (ansible-inventory --list shows it): by depth, so hgx (under gpus) after inference
+    assert inv.hosts["gpu02"].groups == ("gpus", "inference", "hgx")
+    assert inv.hosts["bastion"].port == 2222 and inv.hosts["bastion"].groups == ("ungrouped",)
 
 
 def test_ansible_become_password_is_never_read(tmp_path):
@@ -362,6 +363,17 @@ def test_select_by_host_group_and_all(fleet):
     assert [h.name for h in fleet.select([], ["hgx"], False)] == ["gpu01", "gpu02"]
     assert [h.name for h in fleet.select(["gpu03", "gpu01"], ["training"], False)] == ["gpu01", "gpu02", "gpu03"]
     assert [h.name for h in fleet.select([], [], True)] == ["bastion", "gpu01", "gpu02", "gpu03"]
+
+
+@pytest.mark.parametrize(("pattern", "expected"), [
+    # Ansible's pattern meanings (tests/unit/test_host_patterns.py) on gpuprov's own format: a group with children,
+    # its positions (own hosts, then the children's: hgx, then l40s), `ungrouped`
+    ("gpu", ["gpu01", "gpu02", "gpu03"]), ("gpu:!hgx", ["gpu03"]), ("gpu:&training", ["gpu01", "gpu02"]),
+    ("gpu[0]", ["gpu01"]), ("gpu[-1]", ["gpu03"]), ("ungrouped", ["bastion"]), ("gpu*", ["gpu01", "gpu02", "gpu03"]),
+    ("!gpu", ["bastion"]), ("gpu03,bastion", ["bastion", "gpu03"]),
+])
+def test_select_by_pattern_in_inventory_order(fleet, pattern, expected):
+    assert [h.name for h in fleet.select([pattern], [], False)] == expected
 
 
 def test_select_unknown_names_with_did_you_mean(fleet):

@@ -26,7 +26,7 @@ gpu04:2201 ansible_host=10.0.0.4 note="two words"
 [hgx:vars]
 hardware={"gpu": "H100-SXM", "count": 8, "nvswitch": True}
 gpuprov_jump=bastion
-stack={"cuda": 12.8, "driver": 570}
+stack={"cuda": 12.8, "driver": 580}
 ansible_become_password=hunter2
 
 [fleet:children]
@@ -49,7 +49,7 @@ all:
           vars:
             hardware: {gpu: H100-SXM, count: 8, nvswitch: true}
             gpuprov_jump: bastion
-            stack: {cuda: 12.8, driver: 570}
+            stack: {cuda: 12.8, driver: 580}
             ansible_become_password: hunter2
           hosts:
             gpu[01:03]: {ansible_user: ops, rack: r1}
@@ -72,9 +72,9 @@ def test_the_ini_form_loads_as_the_yaml_form(tmp_path):
     assert (gpu04.address, gpu04.port, gpu04.user) == ("10.0.0.4", 2201, "gpuadmin")
     assert gpu01.groups == ("fleet", "hgx") and ini.groups["fleet"].hosts == ("gpu01", "gpu02", "gpu03", "gpu04")
     assert gpu04.vars == {"site": "dc1", "hardware": {"gpu": "H100-SXM", "count": 8, "nvswitch": True},
-                          "stack": {"cuda": "12.8", "driver": "570"}, "note": "two words"}
+                          "stack": {"cuda": "12.8", "driver": "580"}, "note": "two words"}
     assert gpu04.sources == {"site": "defaults", "hardware": "group:hgx", "stack": "group:hgx", "note": "host"}
-    assert ini.hosts["bastion"].port == 2222 and ini.hosts["bastion"].groups == ()
+    assert ini.hosts["bastion"].port == 2222 and ini.hosts["bastion"].groups == ("ungrouped",)
     assert "hunter2" not in repr(shape(ini)) and len(ini.warnings) == 1
     assert ini.warnings[0] == (f"{tmp_path / 'hosts.ini'}:12:1: hgx.vars.ansible_become_password: not read (secrets "
                                "never come from a file); set gpuprov_sudo: {password_env: NAME} and export the "
@@ -179,10 +179,15 @@ def test_bad_patterns_and_values(tmp_path, capsys, text, error):
     assert check_fails(path, capsys) == [f"{path}:{error}", f"1 error in {path}"]
 
 
-def test_a_file_is_ini_by_its_name_or_its_first_section_header(tmp_path, capsys):
+def test_a_file_is_ini_by_its_name_its_first_section_header_or_its_first_host_line(tmp_path, capsys):
     assert load_inventory(write(tmp_path, "gpu01 ansible_host=10.0.0.1\n", "fleet.ini")).format == "ansible-ini"
     assert load_inventory(write(tmp_path, "; fleet\n\n[g]\ngpu01\n", "hosts")).format == "ansible-ini"
-    path = write(tmp_path, "gpu01 ansible_host=10.0.0.1\ngpu02\n", "hosts")
+    # hosts before any section, as Ansible's INI reader takes them: in `ungrouped` (and `all`)
+    inventory = load_inventory(write(tmp_path, "gpu01 ansible_host=10.0.0.1\ngpu02\n", "hosts"))
+    assert inventory.format == "ansible-ini" and list(inventory.hosts) == ["gpu01", "gpu02"]
+    assert inventory.groups["ungrouped"].hosts == ("gpu01", "gpu02")
+    # a file named .yaml stays YAML: its top level must be a mapping
+    path = write(tmp_path, "gpu01 ansible_host=10.0.0.1\ngpu02\n", "hosts.yaml")
     assert check_fails(path, capsys) == [
         f"{path}:1:1: (top level): the top level must be a mapping with hosts:, groups:, defaults: (or an Ansible "
         "inventory with all:), not str; an Ansible INI inventory starts with a [group] line or has a name ending "
@@ -214,7 +219,7 @@ def test_check_prints_the_format(tmp_path, capsys):
     path = write(tmp_path, INI, "hosts.ini")
     inventory_tasks.check(Context(), inventory=str(path))
     captured = capsys.readouterr()
-    assert captured.out == (f"{path}: ok (ansible-ini format): 5 hosts, 2 groups\n"
-                            "hosts: bastion, gpu01, gpu02, gpu03, gpu04\ngroups: hgx, fleet\n")
+    assert captured.out == (f"{path}: ok (ansible-ini format): 5 hosts, 3 groups\n"
+                            "hosts: bastion, gpu01, gpu02, gpu03, gpu04\ngroups: hgx, fleet, ungrouped\n")
     assert captured.err == (f"warning: {path}:12:1: hgx.vars.ansible_become_password: not read (secrets never come "
                             "from a file); set gpuprov_sudo: {password_env: NAME} and export the password in NAME\n")

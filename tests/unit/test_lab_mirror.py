@@ -507,6 +507,28 @@ def test_build_repo_signs_a_flat_repository(tmp_path):
     assert "Package: nvidia-open-570\nVersion: 570.148.08-1\n" in packages
 
 
+@pytest.mark.tool
+@needs_tools
+def test_the_key_is_made_and_signs_in_a_checkout_too_deep_for_gpg_agents_socket(tmp_path):
+    # a Unix socket's path holds at most 107 bytes: gpg-agent cannot start in a homedir this deep
+    from gpuprov.lab.mirror import _write_index, ensure_key
+    from gpuprov.lab.state import LabPaths
+
+    paths = LabPaths(tmp_path / ("deep-checkout-" * 8))
+    home = paths.state_dir / "mirror-gnupg"
+    assert len(str(home / "S.gpg-agent.browser")) > 107
+    fpr = ensure_key(paths)
+    root = tmp_path / "repo"
+    root.mkdir()
+    _write_index(paths, fpr, root, [], "amd64", "deep")
+    keyring = tmp_path / "keyring.gpg"
+    armored = paths.state_dir / "mirror-key.asc"
+    subprocess.run(["gpg", "--batch", "--yes", "--dearmor", "-o", str(keyring), str(armored)], check=True)
+    verify = subprocess.run(["gpgv", "--keyring", str(keyring), str(root / "InRelease")], capture_output=True,
+                            text=True, check=False)
+    assert verify.returncode == 0, verify.stderr
+
+
 def _tiny_deb(tmp_path, name: str, version: str) -> Path:
     root = tmp_path / f"{name}-root"
     (root / "DEBIAN").mkdir(parents=True)

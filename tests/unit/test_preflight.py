@@ -18,11 +18,11 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from gpuprov.core.debversion import compare_versions, nearest
+from gpuprov.core.debversion import InvalidVersion, compare_versions, nearest
 from gpuprov.core.packages import Package
 from gpuprov.facts.parsers import parse_secure_boot
 from gpuprov.provision.ops import RepoSpec
-from gpuprov.provision.preflight import evaluate, parse_probe, probe_command
+from gpuprov.provision.preflight import _package_versions, evaluate, parse_probe, probe_command
 
 SECRET = "s3cr3t-pw"
 
@@ -363,3 +363,24 @@ def test_rhel_probe_asks_dnf_about_the_repository_alone(server, tmp_path, shell)
     assert not list(tmp_path.glob("tmp.*"))  # the temporary folder is gone
     check = by_name(evaluate(facts("rhel"), probe, repo(url), None, wanted))["package_versions"]
     assert check.status == "pass"
+
+
+# --- versions as dpkg judges them (python-debian): rpm versions matched as text, a bad Debian pin is bad input --
+
+def test_rpm_versions_debian_cannot_order_are_matched_as_text():
+    probe = {"index": "ok", "pkg": "cuda-drivers=570.133.20-1.el9_4 cuda-drivers=570.148.08-1.el9_4"}
+    assert _package_versions("rhel", probe, [Package("cuda-drivers", "570.133.20-1.el9_4")]).status == "pass"
+    check = _package_versions("rhel", probe, [Package("cuda-drivers", "570.100.00-1.el9_4")])
+    assert check.status == "fail" and "(no version)" in check.detail
+
+
+def test_a_debian_pin_dpkg_refuses_is_bad_input():
+    probe = {"index": "ok", "pkg": "nvidia-driver-570=570.133.20-1ubuntu1"}
+    with pytest.raises(InvalidVersion, match="revision number is empty"):
+        _package_versions("debian", probe, [Package("nvidia-driver-570", "570.133.20-")])
+
+
+def test_an_odd_index_entry_is_never_ordered_nor_fatal():
+    probe = {"index": "ok", "pkg": "x=1.0-1 x=1.0_9 x=1.0-3"}
+    check = _package_versions("debian", probe, [Package("x", "1.0-2")])
+    assert check.status == "fail" and "(nearest: 1.0-1, 1.0-3)" in check.detail

@@ -283,8 +283,8 @@ def test_the_rollout_metric_is_valid_exposition_text(tmp_path):
     text = metric_text('a1b2c3d4-1"x', "draining", 1764748800.0)
     checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert 'gpuprov_rollout_state{run="a1b2c3d4-1\\"x",state="draining"} 1' in text.splitlines()
-    assert sum(line.endswith(" 1") for line in text.splitlines() if line.startswith("gpuprov_rollout_state{")) == 1
+    assert 'gpuprov_rollout_state{run="a1b2c3d4-1\\"x",state="draining"} 1.0' in text.splitlines()
+    assert sum(line.endswith(" 1.0") for line in text.splitlines() if line.startswith("gpuprov_rollout_state{")) == 1
 
 
 def test_the_journal_file_is_json_with_every_host(tmp_path):

@@ -386,18 +386,18 @@ def test_sockets_pass_where_no_host_has_rdma_devices_it_can_open_or_ib_was_turne
 
 
 def test_the_verdict_fails_root_workers_missing_processes_and_wrong_elements():
-    from gpuprov.validation.multinode import _verdict
+    from gpuprov.validation.multinode import run_verdict
 
     nodes = [Node("a", "10.0.0.1", 1, "cpu", True), Node("b", "10.0.0.2", 1, "cpu", True)]
     found = {"nodes": ["a", "b"], "world_size": 2, "backend": "gloo", "busbw_gbs": 1.5, "algbw_gbs": 1.5,
              "size_bytes": 1024, "wrong_elements": 0, "expected_sum": 3.0, "uids": [999, 999]}
-    status, reason, figures = _verdict(found, nodes, {}, "gpuprov-worker")
+    status, reason, figures = run_verdict(found, nodes, {}, "gpuprov-worker")
     assert (status, reason) == ("pass", "all-reduce over 2 nodes (2 processes, gloo) correct; bus bandwidth 1.50 GB/s")
     assert figures == {"nodes": 2, "world_size": 2, "backend": "gloo", "busbw_gbs": 1.5, "algbw_gbs": 1.5,
                        "size_bytes": 1024, "wrong_elements": 0}
-    assert _verdict({**found, "uids": [0, 999]}, nodes, {}, "gpuprov-worker")[:2] == (
+    assert run_verdict({**found, "uids": [0, 999]}, nodes, {}, "gpuprov-worker")[:2] == (
         "fail", "the workers ran as root, not as gpuprov-worker")
-    assert _verdict({**found, "nodes": ["a"], "world_size": 1}, nodes, {}, "gpuprov-worker")[:2] == (
+    assert run_verdict({**found, "nodes": ["a"], "world_size": 1}, nodes, {}, "gpuprov-worker")[:2] == (
         "fail", "1 of 2 processes took part; missing: b")
-    assert _verdict({**found, "wrong_elements": 7}, nodes, {}, "gpuprov-worker")[:2] == (
+    assert run_verdict({**found, "wrong_elements": 7}, nodes, {}, "gpuprov-worker")[:2] == (
         "fail", "all-reduce over 2 nodes gave 7 wrong elements (expected every element 3)")

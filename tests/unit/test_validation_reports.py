@@ -303,7 +303,7 @@ def test_a_failed_hosts_entry_keeps_what_its_validation_found(tmp_path, monkeypa
     assert (down["status"], down["gpu"], down["address"], down["results"]) == ("error", None, "192.0.2.13", [])
     assert down["error"]["step"] == "connect" and down["textfile"] == {}
     textfile = (tmp_path / "reports" / "textfile" / "gpu03.prom").read_text()
-    assert 'gpuprov_check_ok{host="gpu03",check="validation"} 0' in textfile
+    assert 'gpuprov_check_ok{check="validation",host="gpu03"} 0.0' in textfile
 
 
 def test_the_all_reduce_runs_on_the_fleet_and_names_a_failed_host(tmp_path, monkeypatch, capsys):
@@ -432,7 +432,7 @@ def honest_hosts_are_judged_and_reported(tmp_path, hosts: dict) -> None:
         assert (tmp_path / "reports" / "textfile" / f"{name}.prom").is_file()
     assert hosts["liar"]["results"] == [] and hosts["liar"]["status"] == "error"
     liar = (tmp_path / "reports" / "textfile" / "liar.prom").read_text()
-    assert 'gpuprov_check_ok{host="liar",check="validation"} 0' in liar
+    assert 'gpuprov_check_ok{check="validation",host="liar"} 0.0' in liar
 
 
 def test_a_document_whose_figures_are_a_list_is_its_hosts_failure(tmp_path, monkeypatch, capsys):
