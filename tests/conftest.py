@@ -18,6 +18,13 @@ def fixture_text():
 
 
 @pytest.fixture(autouse=True)
+def no_users_ssh_config(monkeypatch):
+    """No test reads the ~/.ssh/config of whoever runs it (gpuprov.ssh_config's default): a `Host *` there would
+    change the lab's connections. A test that wants one names it (INVOKE_GPUPROV_SSH_CONFIG, apply_ssh_config)."""
+    monkeypatch.setenv("INVOKE_GPUPROV_SSH_CONFIG", "")
+
+
+@pytest.fixture(autouse=True)
 def own_secrets(monkeypatch):
     """Each test masks only the secrets it registers itself (gpuprov.core.secrets keeps one registry per process,
     which a test's `pw` would otherwise turn into a mask over every later test's output)."""
@@ -27,6 +34,7 @@ def own_secrets(monkeypatch):
     monkeypatch.setattr(secrets, "_pattern", None)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Two queues for `pytest -n 2 --dist loadgroup` (the README's test command): the tests that use the Docker
     engine (markers lab and docker, or a test's own xdist_group) in order on one worker, every other test on the

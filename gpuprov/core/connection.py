@@ -45,8 +45,10 @@ class ConnectError(GpuprovError):
 
 
 class KeyFileError(ConnectError):
-    """The identity file cannot be used: unreadable, not a private key, or protected by a passphrase. An
-    authentication error (exit 1, as a refused key is), never retried."""
+    """The identity file cannot be used: unreadable, not a private key, or protected by a passphrase (`encrypted`).
+    An authentication error (exit 1, as a refused key is), never retried."""
+
+    encrypted = False
 
 
 def load_private_key(path: str | Path, host_name: str):
@@ -79,9 +81,13 @@ def load_private_key(path: str | Path, host_name: str):
         except ValueError:
             loaded = serialization.load_pem_private_key(data, password=None)
     except TypeError:   # cryptography: the key is encrypted and no password was given
-        raise refuse("the key is protected by a passphrase, which gpuprov does not ask for",
-                     f"load it into ssh-agent (ssh-add {shlex.quote(str(path))}) and leave identity_file unset, so "
-                     "that the agent's keys are used; or give gpuprov a key of its own") from None
+        error = refuse("the key is protected by a passphrase, which gpuprov does not ask for, and no ssh-agent "
+                       "answers (SSH_AUTH_SOCK is not set)",
+                       f"load it into ssh-agent (ssh-add {shlex.quote(str(path))}) and run gpuprov where "
+                       "SSH_AUTH_SOCK is set: the agent's keys are then used, as ssh does; or give gpuprov a key of "
+                       "its own")
+        error.encrypted = True
+        raise error from None
     except (ValueError, UnsupportedAlgorithm) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise refuse(f"not a private key gpuprov can read ({reason})",
@@ -226,8 +232,14 @@ class HostConnection:
 
         connect_kwargs: dict = {"banner_timeout": self.connect_timeout, "auth_timeout": self.connect_timeout}
         if host.identity_file:
-            connect_kwargs.update(pkey=load_private_key(host.identity_file, self.host.name),
-                                  look_for_keys=False, allow_agent=False)
+            try:
+                connect_kwargs.update(pkey=load_private_key(host.identity_file, self.host.name),
+                                      look_for_keys=False, allow_agent=False)
+            except KeyFileError as exc:
+                if not (exc.encrypted and os.environ.get("SSH_AUTH_SOCK")):
+                    raise
+                # a key with a passphrase, and an agent: ssh signs with the agent's copy of it; so does gpuprov
+                connect_kwargs.update(look_for_keys=False, allow_agent=True)
         config = Config(overrides={"load_ssh_configs": False}, lazy=True)
         conn = Connection(host.address, user=host.user, port=host.port, config=config, gateway=gateway,
                           connect_timeout=self.connect_timeout, connect_kwargs=connect_kwargs)

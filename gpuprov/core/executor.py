@@ -329,20 +329,10 @@ class _Run:
                     if not self.step():
                         break
                 except KeyboardInterrupt:
-                    if self.interrupted:
-                        _abandon(self.running, self.live, self.outcomes)
+                    if not self.interrupt():
                         break
-                    self.interrupted = True
-                    for conn in list(self.live.values()):   # a host still connecting makes no further attempt
-                        if isinstance(conn, HostConnection):
-                            conn.stop_retrying()
-                    if self.hooks.interrupted is not None:   # work in progress stops at its next safe point
-                        self.hooks.interrupted()
-                    print(f"interrupted: no new host starts; waiting for the hosts in progress "
-                          f"({len(self.running)}); Ctrl-C again stops waiting and closes their connections",
-                          file=sys.stderr)
         finally:
-            self.pool.shutdown(wait=not self.interrupted, cancel_futures=True)
+            self.shutdown()
         self.skip([host for host in self.hosts if host.name not in self.outcomes])
         ordered = [self.outcomes.get(host.name) or _abandoned(host) for host in self.hosts]
         if self.interrupted:
@@ -351,6 +341,35 @@ class _Run:
             self.hook_error.outcomes = ordered
             raise self.hook_error
         return ordered
+
+    def interrupt(self) -> bool:
+        """A Ctrl-C: the first starts no new host and keeps waiting for those in progress (True); the second, also
+        one that lands while the first is handled, abandons them and closes their connections (False)."""
+        if self.interrupted:
+            _abandon(self.running, self.live, self.outcomes)
+            return False
+        self.interrupted = True
+        try:
+            for conn in list(self.live.values()):   # a host still connecting makes no further attempt
+                if isinstance(conn, HostConnection):
+                    conn.stop_retrying()
+            if self.hooks.interrupted is not None:   # work in progress stops at its next safe point
+                self.hooks.interrupted()
+            print(f"interrupted: no new host starts; waiting for the hosts in progress ({len(self.running)}); "
+                  "Ctrl-C again stops waiting and closes their connections", file=sys.stderr)
+        except KeyboardInterrupt:
+            _abandon(self.running, self.live, self.outcomes)
+            return False
+        return True
+
+    def shutdown(self) -> None:
+        """The pool ended: waiting for the hosts in progress unless interrupted; a Ctrl-C meanwhile stops waiting."""
+        while True:
+            try:
+                self.pool.shutdown(wait=not self.interrupted, cancel_futures=True)
+                return
+            except KeyboardInterrupt:
+                self.interrupted = True
 
 
 _MAX_FAIL = "--max-fail"    # stop[0] when the run's failure budget stopped it (the count is taken at the end)

@@ -81,6 +81,9 @@ def register_url(url: str | None) -> None:
     register(secret, unquote(secret))
 
 
+MIN_NAMED_SECRET = 6   # register_named: shorter values are not registered
+
+
 def register_named(data: Any) -> None:
     """Register the text value of every secret-named key (`password`, `*_token`, `ansible_become_pass`...) in
     `data` at any depth: what a reader took in (an inventory's host variables, a listing from ansible-inventory with
@@ -88,7 +91,9 @@ def register_named(data: Any) -> None:
     if isinstance(data, dict):
         for key, item in data.items():
             if isinstance(key, str) and isinstance(item, str) and _KEY.fullmatch(key):
-                register(item)
+                # a value this short (`admin`, `root`) would mask every such word in every report: it is no
+                # secret worth that, and a lab default rather than a fleet's password
+                register(item if len(item) >= MIN_NAMED_SECRET else None)
             else:
                 register_named(item)
     elif isinstance(data, list | tuple):

@@ -724,19 +724,19 @@ def gather(args: argparse.Namespace, config: dict) -> tuple:
             faults += check_xids(log or "", state)
             if args.epilog and ids:
                 epilog_deep, why = deep_due(faults, state.data, args.deep_every, time.time())
-                if epilog_deep:
-                    state.data["deep_at"] = time.time()
-                    state.data["deep_seen"] = sorted([f["code"], f["gpu"]] for f in faults if f["action"] != "NONE")
-                else:
+                if not epilog_deep:
                     checks["dcgm_diag"] = f"skipped: {why}"
             deep = keep_deep(deep, state)
             state.save()
     finally:
         state.close()
     if epilog_deep:
+        seen = sorted([f["code"], f["gpu"]] for f in faults if f["action"] != "NONE")
         found = check_diag(max(args.timeout, DIAG_TIMEOUT_S), checks)
         state = State(args.state_dir, boot_id, max(0.0, min(2 * args.timeout, left() / 2)))
         try:
+            if not checks.get("dcgm_diag", "").startswith("skipped"):   # it ran: the next one is due in an hour
+                state.data["deep_at"], state.data["deep_seen"] = time.time(), seen
             deep = deep + found if state.problem else keep_deep(found, state)
             state.save()
         finally:

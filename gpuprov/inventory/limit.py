@@ -44,6 +44,7 @@ _HOST_PORT = re.compile(r"((?:[^:\[\]]|\[[^\]]*\])*):[0-9]+")
 _COLON_ITEM = re.compile(r"(?:[^\s:\[\]]|\[[^\]]*\])+")
 _SUBSCRIPT = re.compile(r"(.+)\[(?:(-?[0-9]+)|([0-9]+)([:-])([0-9]*))\]")
 _WILD = (".", "?", "*", "[")
+_ZERO_PADDED = re.compile(r"(?<![0-9])-?0[0-9]")   # gpu[01:04]: names written as positions
 
 
 def is_address(text: str) -> bool:
@@ -55,14 +56,23 @@ def is_address(text: str) -> bool:
 
 
 def split_patterns(value: str) -> list[str]:
-    """One --host value as Ansible's list of patterns (split_host_pattern), blanks dropped."""
+    """One --host value as Ansible's list of patterns (split_host_pattern). ValueError for an empty part, which
+    Ansible drops: `$RACK:!gpu03` with RACK unset would become `!gpu03`, every host but one."""
     if "," in value:
         items = value.split(",")
     elif is_address(value):
         items = [value]
     else:
-        items = _COLON_ITEM.findall(value)
-    return [item.strip() for item in items if item.strip()]
+        found = list(_COLON_ITEM.finditer(value))
+        items = [match.group() for match in found]
+        ends = [0, *(edge for match in found for edge in match.span()), len(value)]
+        gaps = [value[ends[i]:ends[i + 1]] for i in range(0, len(ends), 2)]
+        if any(gap.count(":") > (0 if i in (0, len(gaps) - 1) else 1) for i, gap in enumerate(gaps)):
+            raise ValueError("has an empty part between colons: a part left out would widen the selection (an "
+                             "unset shell variable?)")
+    if any(not item.strip() for item in items):
+        raise ValueError("has an empty part: a part left out would widen the selection (an unset shell variable?)")
+    return [item.strip() for item in items]
 
 
 @dataclass(frozen=True)
@@ -82,6 +92,8 @@ def parse_pattern(text: str) -> Pattern:
     body = text[1:] if op != "|" else text
     if not body:
         raise ValueError(f"{op!r} needs a host or group pattern after it")
+    if body.startswith("~") and not body[1:].strip("^$"):
+        raise ValueError("an empty regular expression would select every host (an unset shell variable?)")
     match = None if body.startswith("~") else _SUBSCRIPT.fullmatch(body)
     if match is None:
         return Pattern(text, op, body, None)
@@ -148,6 +160,11 @@ class Matcher:
         if pattern.op == "|" and pattern.text in self.hosts:
             return [pattern.text]
         selected = self.names(pattern.expr)
+        if pattern.positions is not None and selected and _ZERO_PADDED.search(pattern.text.rsplit("[", 1)[1]):
+            expr = pattern.expr
+            raise ValueError(f"Ansible's --limit reads [{pattern.text.rsplit('[', 1)[1]} as positions in what "
+                             f"{expr!r} selects, not as names: write the positions without zeros ([1:4]), or the "
+                             f"hosts by name ({expr}01,{expr}02,...) or by regex ('~{expr}0[1-4]$')")
         if pattern.positions is not None and selected:
             first, last = pattern.positions
             if last is None and not -len(selected) <= first < len(selected):
@@ -180,8 +197,10 @@ class Matcher:
                     "address): give hosts and groups by name, separated by commas")
         return f"unknown host {expr!r}{suggest(expr, [*self.hosts, *self.group_names])}"
 
-    def evaluate(self, patterns: list[str]) -> tuple[set[str], list[str]]:
-        """(hosts selected, problems): each pattern that selects nothing or cannot be read is a problem."""
+    def evaluate(self, patterns: list[str], start: Sequence[str] = ()) -> tuple[set[str], list[str]]:
+        """(hosts selected, problems): each pattern that selects nothing or cannot be read is a problem. `start`:
+        the hosts already chosen (--group's), which `&` and `!` patterns narrow; without them and without a plain
+        pattern, `&`/`!` narrow every host, as in Ansible."""
         problems, parsed = [], []
         for text in patterns:
             try:
@@ -189,9 +208,9 @@ class Matcher:
             except ValueError as exc:
                 problems.append(f"pattern {literal(repr(text))}: {literal(str(exc))}")
         ordered = [p for op in "|&!" for p in parsed if p.op == op]
-        if ordered and ordered[0].op != "|":
+        if ordered and ordered[0].op != "|" and not start:
             ordered.insert(0, Pattern("all", "|", "all", None))
-        chosen: dict[str, None] = {}
+        chosen: dict[str, None] = dict.fromkeys(start)
         for pattern in ordered:
             try:
                 hosts = self.select(pattern)

@@ -91,17 +91,26 @@ class Inventory:
         part, and the whole), an unknown group, or no selection."""
         from gpuprov.inventory.limit import Matcher, split_patterns
 
-        patterns = [item for value in hosts for item in split_patterns(value)]
-        problems = [f"--host {literal(repr(value))} holds no pattern" for value in hosts if not split_patterns(value)]
-        wanted: set[str] = set()
+        patterns, problems = [], []
+        for value in hosts:
+            try:
+                found = split_patterns(value)
+            except ValueError as exc:
+                problems.append(f"--host {literal(repr(value))} {exc}")
+                continue
+            if not found:
+                problems.append(f"--host {literal(repr(value))} holds no pattern")
+            patterns += found
+        problems += [f"unknown group {n!r}{suggest(n, self.groups)}" for n in groups if n not in self.groups]
+        # --group's hosts first: `--group hgx --host '!gpu03'` is hgx without gpu03, as `hgx:!gpu03` is
+        wanted: set[str] = {name for group in groups if group in self.groups for name in self.groups[group].hosts}
         if patterns:
             matcher = Matcher({n: h.groups for n, h in self.hosts.items()},
                               {n: (g.children, g.hosts) for n, g in self.groups.items()})
-            wanted, found = matcher.evaluate(patterns)
+            wanted, found = matcher.evaluate(patterns, start=[n for n in self.hosts if n in wanted])
             problems += found
             if not wanted and not problems:
                 problems.append(f"--host {literal(repr(','.join(hosts)))} selects no host")
-        problems += [f"unknown group {n!r}{suggest(n, self.groups)}" for n in groups if n not in self.groups]
         if problems:
             raise InputError(f"{'; '.join(problems)} in {self.path}", step="select hosts",
                              hint=f"list them with: invoke inventory.check --inventory {self.path}")
@@ -109,8 +118,6 @@ class Inventory:
             return list(self.hosts.values())
         if not patterns and not groups:
             raise InputError("no hosts selected", step="select hosts", hint="give --host, --group or --all")
-        for name in groups:
-            wanted.update(self.groups[name].hosts)
         if not wanted:
             raise InputError(f"group {', '.join(groups)} has no hosts in {self.path}", step="select hosts",
                              hint="give --host, --group or --all")

@@ -8,11 +8,13 @@ half ssh-keygen wrote (`KEY.pub`), and counting the connections it is offered.""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
 import subprocess
 import threading
+import time
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -140,13 +142,41 @@ def test_a_refused_pem_key_is_an_authentication_error_not_retried(tmp_path):
     (lambda d: Path(f"{keygen(d / 'id', 'ed25519')}.pub"), "not a private key gpuprov can read"),
     (lambda d: d / "missing", "cannot read it: No such file or directory"),
 ])
-def test_a_key_that_cannot_be_used_is_an_authentication_error_before_any_connection(tmp_path, make, problem):
+def test_a_key_that_cannot_be_used_is_an_authentication_error_before_any_connection(tmp_path, monkeypatch, make,
+                                                                                      problem):
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)   # no agent to hold a passphrase key
     identity = make(tmp_path)
     allowed = keygen(tmp_path / "allowed", "ed25519")
     with pytest.raises(KeyFileError) as raised:
         login(tmp_path, identity, allowed)
     assert raised.value.message.startswith(f"identity file {identity}: {problem}")
     assert raised.value.exit_code == 1 and raised.value.host == "gpu01" and raised.value.step == "connect"
+
+
+@pytest.mark.skipif(shutil.which("ssh-agent") is None or shutil.which("ssh-add") is None,
+                    reason="needs OpenSSH's ssh-agent and ssh-add")
+def test_a_passphrase_key_is_used_through_the_agent_that_holds_it(tmp_path, monkeypatch):
+    # ssh's way: IdentityFile names a key with a passphrase, ssh-agent holds it, the agent signs
+    identity = keygen(tmp_path / "id", "ed25519", passphrase="a passphrase")
+    askpass = tmp_path / "askpass"
+    askpass.write_text("#!/bin/sh\necho 'a passphrase'\n")
+    askpass.chmod(0o700)
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            if sock.exists():
+                break
+            time.sleep(0.05)
+        env = {**os.environ, "SSH_AUTH_SOCK": str(sock), "SSH_ASKPASS": str(askpass), "SSH_ASKPASS_REQUIRE": "force",
+               "DISPLAY": ":0"}
+        subprocess.run(["ssh-add", str(identity)], env=env, check=True, capture_output=True, stdin=subprocess.DEVNULL)
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        _, transports = login(tmp_path, identity, identity)
+        assert len(transports) == 1
+    finally:
+        agent.terminate()
+        agent.wait(timeout=10)
 
 
 def test_a_host_only_a_cert_authority_covers_is_refused_naming_the_line(tmp_path):

@@ -114,10 +114,37 @@ def test_values_split_as_ansible_splits_them(value, patterns):
     assert split_patterns(value) == patterns
 
 
-def test_host_and_group_options_join(doc_inventory):
-    assert names(doc_inventory, ["webservers:!atlanta"], ["phoenix", "dbservers"]) == {
-        "webbing", "weber", "db1.example.com", "one.example.com"}
+def test_host_and_group_options_join(doc_inventory, tmp_path):
     assert names(doc_inventory, ["cobweb", "weber"]) == {"cobweb", "weber"}
+    # --group's hosts come first, and `&`/`!` narrow them: `--group a --host '!h2'` is `a:!h2`, never every host
+    # but h2 joined with a (which would take in h2 again, and every host outside a)
+    path = tmp_path / "hosts.ini"
+    path.write_text("[a]\nh1\nh2\nh3\n[b]\nh4\nh5\n[c]\nh3\nh5\n")
+    inv = load_inventory(path)
+    assert names(inv, ["!h2"], ["a"]) == {"h1", "h3"}
+    assert names(inv, ["&c"], ["a"]) == {"h3"}
+    assert names(inv, ["h1"], ["b"]) == {"h1", "h4", "h5"}
+    assert names(inv, ["b:!c"], ["a"]) == {"h1", "h2", "h4"}
+
+
+@pytest.mark.parametrize("value", [":!h2", "a:", "a::!h2:b", "~", "~^", "~^$", "a,,b"])
+def test_an_empty_part_is_refused_not_read_as_every_host(tmp_path, value):
+    # `--host "$RACK:!h2"` or `--host "~^$PREFIX"` with the variable unset: Ansible drops the empty part or matches
+    # every name; gpuprov refuses, so that an unset variable never widens the selection
+    path = tmp_path / "hosts.ini"
+    path.write_text("[a]\nh1\nh2\n[b]\nh3\n")
+    refused = refusal(load_inventory(path), value)
+    assert "empty" in refused and "every host" in refused or "widen" in refused, refused
+
+
+@pytest.mark.parametrize("value", ["gpu[01:04]", "gpu[01]", "gpu[0:04]"])
+def test_zero_padded_positions_are_refused_even_where_a_group_gives_them_a_meaning(tmp_path, value):
+    # with a group `gpu` of gpu01..gpu08, Ansible's --limit reads gpu[01:04] as the group's positions 1 to 4
+    # (gpu02..gpu05): what an operator writing it rarely means
+    path = tmp_path / "hosts.ini"
+    path.write_text("[gpu]\n" + "".join(f"gpu0{i}\n" for i in range(1, 9)))
+    refused = refusal(load_inventory(path), value)
+    assert "as positions in what 'gpu' selects, not as names" in refused, refused
 
 
 def refusal(inv, *values, groups=()) -> str:
@@ -145,7 +172,7 @@ def refusal(inv, *values, groups=()) -> str:
     ("cobweb:22", ["pattern 'cobweb:22' matches no host or group", "a host and a port"]),
     ("@retry.txt", ["--limit @FILE reads patterns from a file, gpuprov does not"]),
     ("!", ["'!' needs a host or group pattern after it"]),
-    (" : ", ["--host ' : ' holds no pattern"]),
+    (" : ", ["--host ' : ' has an empty part between colons"]),
 ])
 def test_a_pattern_that_selects_nothing_is_exit_2_naming_it(doc_inventory, value, words):
     message = refusal(doc_inventory, value)
@@ -156,7 +183,7 @@ def test_a_pattern_that_selects_nothing_is_exit_2_naming_it(doc_inventory, value
 def test_every_problem_is_named_at_once(doc_inventory):
     message = refusal(doc_inventory, "cobwb,!phenix", ":", groups=["webserver"])
     assert "unknown host 'cobwb'" in message and "unknown host 'phenix'" in message
-    assert "--host ':' holds no pattern" in message
+    assert "--host ':' has an empty part between colons" in message
     assert "unknown group 'webserver' (did you mean 'webservers'?)" in message
 
 

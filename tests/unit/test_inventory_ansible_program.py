@@ -91,6 +91,23 @@ def test_no_answer_in_time_is_a_step_failure_with_the_command(tmp_path, monkeypa
     assert info.value.command.startswith(str(tmp_path / "bin" / "ansible-inventory") + " --list --inventory ")
 
 
+def test_at_the_timeout_a_child_holding_its_pipes_goes_too(tmp_path, monkeypatch):
+    # a vault password script or a dynamic inventory's helper left running with the pipes: killed with it
+    pid_file = tmp_path / "child.pid"
+    program(tmp_path, monkeypatch, f"""\
+        import subprocess
+        child = subprocess.Popen([{sys.executable!r}, "-c", "import time; time.sleep(60)"])
+        open({str(pid_file)!r}, "w").write(str(child.pid))
+        time.sleep(60)
+        """)
+    with pytest.raises(GpuprovError) as info:
+        load_with_ansible(inventory_file(tmp_path), timeout=1)
+    assert "within 1 s" in info.value.message
+    child = int(pid_file.read_text())
+    state = Path(f"/proc/{child}/stat")
+    assert not state.exists() or state.read_text().rsplit(")", 1)[1].split()[0] == "Z"   # gone (or not yet reaped)
+
+
 @pytest.mark.parametrize("listing, error", [
     ({**LISTING, "_meta": {"hostvars": {"gpu01": {"ansible_port": 0}}}},
      "_meta.hostvars.gpu01.ansible_port: bad port 0: give an integer from 1 to 65535"),
