@@ -17,12 +17,12 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 from pathlib import Path
 from typing import Any
 
 from gpuprov.core.errors import GpuprovError, InputError, literal
+from gpuprov.core.local import run_bounded
 from gpuprov.core.secrets import register_named
 from gpuprov.inventory.ansible import ansible_variables
 from gpuprov.inventory.diagnostics import InventoryError, type_name
@@ -70,17 +70,7 @@ def run_ansible_inventory(path: Path, timeout: float = TIMEOUT_S) -> tuple[str, 
     argv = [program, "--list", "--inventory", str(path.absolute())]
     command = shlex.join(argv)
     try:
-        # a session of its own: at the timeout the whole group goes (a vault password script or a dynamic
-        # inventory's child would otherwise hold the pipes open, and the wait with them)
-        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                              env={**os.environ, **STRICT_ENV}, start_new_session=True) as proc:
-            try:
-                stdout, stderr_bytes = proc.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
-                raise
-        done = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr_bytes)
+        done = run_bounded(argv, timeout, env={**os.environ, **STRICT_ENV})
     except subprocess.TimeoutExpired:
         raise GpuprovError(f"{PROGRAM} gave no listing of {literal(str(path))} within {timeout:g} s",
                            step="inventory", command=command,

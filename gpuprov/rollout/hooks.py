@@ -28,15 +28,14 @@ and a node name is a plain name (gpuprov.rollout.slurm.NODE_NAME).
 
 from __future__ import annotations
 
-import os
 import shlex
-import signal
 import subprocess
 from collections.abc import Callable
 
 from gpuprov.core.busy import running_work
 from gpuprov.core.controller import checked_node, node_name
 from gpuprov.core.errors import GpuprovError, InputError, literal
+from gpuprov.core.local import run_bounded
 from gpuprov.rollout.scheduler import Job, NodeState
 from gpuprov.rollout.slurm import checked_reason
 
@@ -174,21 +173,17 @@ def run_hook(argv: list[str], timeout: float, host: str, step: str, hook: str) -
     timeout); its stdout, or GpuprovError naming the host, step, command, exit code and output."""
     command = shlex.join(argv)
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, errors="replace", start_new_session=True)
+        done = run_bounded(argv, timeout, text=True, errors="replace")
     except OSError as exc:
         raise GpuprovError(f"the {hook} hook could not start: {exc.strerror}", host=host, step=step, command=command,
                            hint=f"install {argv[0]} on this machine or fix scheduler.{hook}") from None
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
+    except subprocess.TimeoutExpired as exc:
         raise GpuprovError(f"the {hook} hook ran past {timeout:g} s and was stopped", host=host, step=step,
-                           command=command, output=out + err,
+                           command=command, output=(exc.stdout or "") + (exc.stderr or ""),
                            hint="raise scheduler.timeout, or make the hook answer sooner") from None
-    if proc.returncode != 0:
-        raise GpuprovError(f"the {hook} hook failed (exit {proc.returncode})", host=host, step=step,
+    out, err = done.stdout, done.stderr
+    if done.returncode != 0:
+        raise GpuprovError(f"the {hook} hook failed (exit {done.returncode})", host=host, step=step,
                            command=command, output=out + err,
                            hint=f"run it by hand on this machine: {command}")
     return out

@@ -15,11 +15,11 @@ import socket
 import subprocess
 import threading
 import time
-from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import paramiko
 import pytest
+from helpers.ssh_server import serve_ssh
 
 from gpuprov.core.connection import ConnectError, HostConnection, HostKeyError, KeyFileError
 from gpuprov.core.known_hosts import read_known_hosts
@@ -55,33 +55,9 @@ class _Allow(paramiko.ServerInterface):
         return paramiko.OPEN_SUCCEEDED
 
 
-@contextmanager
 def ssh_server(server_key: paramiko.PKey, allowed: str):
     """A local SSH server letting in the public key `allowed` (`TYPE BASE64`); yields (port, connections)."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    transports: list = []
-
-    def serve():
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            transport = paramiko.Transport(client)
-            transport.add_server_key(server_key)
-            transports.append(transport)
-            with suppress(paramiko.SSHException, EOFError, OSError):
-                transport.start_server(server=_Allow(allowed))
-
-    threading.Thread(target=serve, daemon=True).start()
-    try:
-        yield listener.getsockname()[1], transports
-    finally:
-        listener.close()
-        for transport in transports:
-            transport.close()
+    return serve_ssh(server_key, _Allow(allowed))
 
 
 def known(tmp_path: Path, port: int, key: paramiko.PKey, marker: str = "") -> Path:

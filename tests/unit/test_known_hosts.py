@@ -15,12 +15,12 @@ import os
 import shutil
 import socket
 import subprocess
-import threading
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 
 import paramiko
 import pytest
+from helpers.ssh_server import serve_ssh
 from helpers.tasks import INVENTORY, exit_code
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -306,31 +306,8 @@ class _NoLogin(paramiko.ServerInterface):
 @contextmanager
 def ssh_server(host_key):
     """A local SSH server (paramiko's) with `host_key`; yields its port."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    transports = []
-
-    def serve():
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            transport = paramiko.Transport(client)
-            transport.add_server_key(host_key)
-            transports.append(transport)
-            with suppress(paramiko.SSHException, EOFError, OSError):
-                transport.start_server(server=_NoLogin())
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield listener.getsockname()[1]
-    finally:
-        listener.close()
-        for transport in transports:
-            transport.close()
+    with serve_ssh(host_key, _NoLogin()) as (port, _transports):
+        yield port
 
 
 @pytest.fixture(scope="module")

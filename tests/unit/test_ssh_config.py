@@ -149,8 +149,10 @@ def test_identity_file_tokens_are_expanded_as_ssh_expands_them(tmp_path, monkeyp
         """)
     env = {**os.environ, "GPUPROV_TEST_WORD": "word"}
     proxy = f"ProxyCommand={SSHD} -i -f /dev/null -o HostKey={host_key}"
+    known = tmp_path / "known_hosts"   # the throwaway sshd's own key, under the config's HostKeyAlias
+    known.write_text("alias-a " + " ".join(Path(f"{host_key}.pub").read_text().split()[:2]) + "\n")
     log = subprocess.run(["ssh", "-v", "-F", str(path), "-o", proxy, "-o", "BatchMode=yes",
-                          "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "gpu-a", "true"],
+                          "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known}", "gpu-a", "true"],
                          capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=60).stderr
     tried = [name for name in re.findall(r"identity file (\S+) type", log) if not name.endswith("-cert")]
     assert len(tried) == 1, log
